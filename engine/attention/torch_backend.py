@@ -1,0 +1,92 @@
+"""Portable paged attention: gather KV pages by block table, then `scaled_dot_product_attention`.
+
+Runs on CPU and CUDA alike and is the reference that any faster backend is tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.metadata import AttentionMetadata
+
+
+def write_kv(
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens]
+) -> None:
+    k_cache.view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Stores the new tokens' KV in the cache, then attends every query to its request's context."""
+    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    out = torch.empty_like(q)
+    group = meta.batched
+    if group is not None:
+        queries = q[group.token_index].transpose(1, 2)  # [seqs, heads, max_q, head_dim]
+        keys = k_cache[group.block_tables].flatten(1, 2).transpose(1, 2)  # [seqs, kv_heads, L, d]
+        values = v_cache[group.block_tables].flatten(1, 2).transpose(1, 2)
+        attended = _sdpa_folded(queries, keys, values, group.attn_mask)
+        attended = attended.transpose(1, 2).flatten(0, 1)  # [seqs * max_q, heads, head_dim]
+        rows = group.token_index.flatten()
+        if group.max_query_len == 1:
+            out[rows] = attended
+        else:
+            out[rows[group.query_mask]] = attended[group.query_mask]
+    for chunk in meta.chunks:
+        span = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
+        queries = q[span].transpose(0, 1).unsqueeze(0)  # [1, heads, n, head_dim]
+        if chunk.context_len == chunk.num_tokens:
+            # The whole context is new: attend to the fresh k/v directly, no gather needed.
+            keys = k[span].transpose(0, 1).unsqueeze(0)
+            values = v[span].transpose(0, 1).unsqueeze(0)
+            attended = _sdpa(queries, keys, values, is_causal=True)
+        else:
+            keys = _gather_context(k_cache, chunk.block_table, chunk.context_len)
+            values = _gather_context(v_cache, chunk.block_table, chunk.context_len)
+            # Query i sits at position context_len - num_tokens + i and sees keys up to there.
+            mask = torch.ones(chunk.num_tokens, chunk.context_len, dtype=torch.bool,
+                              device=q.device).tril_(chunk.context_len - chunk.num_tokens)
+            attended = _sdpa(queries, keys, values, attn_mask=mask)
+        out[span] = attended.squeeze(0).transpose(0, 1)
+    return out
+
+
+def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, context_len: int):
+    # [num_blocks, block_size, kv_heads, d] -> [1, kv_heads, context_len, d]
+    return cache[block_table].flatten(0, 1)[:context_len].transpose(0, 1).unsqueeze(0)
+
+
+def _sdpa_folded(q, k, v, attn_mask):
+    """Grouped-query attention without copying KV: the query heads that share a KV head are
+    folded into the query-length dimension, and the mask rows repeated to match."""
+    batch, num_heads, q_len, head_dim = q.shape
+    group = num_heads // k.shape[1]
+    if group == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    q = q.reshape(batch, k.shape[1], group * q_len, head_dim)
+    if q_len > 1:
+        attn_mask = attn_mask.repeat(1, 1, group, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    return out.view(batch, num_heads, q_len, head_dim)
+
+
+def _sdpa(q, k, v, attn_mask=None, is_causal=False):
+    if k.shape[1] != q.shape[1]:
+        # Grouped-query attention: each KV head serves num_heads / num_kv_heads query heads.
+        repeat = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(repeat, dim=1)
+        v = v.repeat_interleave(repeat, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)

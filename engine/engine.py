@@ -1,0 +1,223 @@
+"""The synchronous engine: one `step()` schedules, runs the model, samples and reports.
+
+Single-threaded by design: `AsyncEngine` drives it from one background thread, `LLM` from the
+caller's thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig, EngineLimits
+from engine.detokenizer import IncrementalDetokenizer
+from engine.device import free_memory_bytes, pick_device, pick_dtype
+from engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget
+from engine.model_runner import ModelRunner, build_model_input
+from engine.models.loader import load_model
+from engine.outputs import RequestOutput, TokenLogprob
+from engine.request import Request, RequestStatus
+from engine.sampler import SamplerOutput, build_sampling_batch, sample
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+# KV cache size when no budget is given: a share of free accelerator memory, or a fixed amount of
+# host memory (1 GiB holds ~23k tokens of SmolLM2-135M in float32).
+GPU_KV_MEMORY_FRACTION = 0.8
+CPU_KV_MEMORY_BYTES = 2**30
+
+
+@dataclass
+class _RequestState:
+    request: Request
+    detokenizer: IncrementalDetokenizer
+    prompt: str | None
+    logprobs: list[TokenLogprob] | None
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = pick_device(config.model.device)
+        self.dtype = pick_dtype(config.model.dtype, self.device)
+        loaded = load_model(config.model.model, self.device, self.dtype)
+        self.model_name = loaded.name
+        self.tokenizer = loaded.tokenizer
+        self.eos_token_ids = loaded.eos_token_ids
+        self.hf_config = loaded.hf_config
+        arch = loaded.model.arch
+        self.vocab_size = arch.vocab_size
+        self.limits = EngineLimits(
+            num_kv_blocks=self._num_kv_blocks(arch),
+            block_size=config.cache.block_size,
+            max_model_len=min(config.model.max_model_len or arch.max_position_embeddings,
+                              arch.max_position_embeddings),
+        )
+        kv_cache = KVCache(arch, self.limits.num_kv_blocks, self.limits.block_size, self.dtype,
+                           self.device)
+        self.runner = ModelRunner(loaded.model, kv_cache, self.device)
+        self.block_manager = BlockManager(self.limits.num_kv_blocks, self.limits.block_size,
+                                          config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.limits.max_model_len)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.seed()
+        self._states: dict[str, _RequestState] = {}
+        self._ids = itertools.count()
+        logger.info("engine ready: model %s, %s on %s, %d KV blocks of %d tokens",
+                    self.model_name, str(self.dtype).removeprefix("torch."), self.device,
+                    self.limits.num_kv_blocks, self.limits.block_size)
+
+    def _num_kv_blocks(self, arch) -> int:
+        cache = self.config.cache
+        if cache.num_kv_blocks is not None:
+            return cache.num_kv_blocks
+        if cache.kv_cache_memory_gib is not None:
+            budget = int(cache.kv_cache_memory_gib * 2**30)
+        else:
+            free = free_memory_bytes(self.device)
+            budget = CPU_KV_MEMORY_BYTES if free is None else int(free * GPU_KV_MEMORY_FRACTION)
+        return num_blocks_for_budget(arch, cache.block_size, self.dtype, budget)
+
+    @property
+    def kv_block_bytes(self) -> int:
+        return bytes_per_block(self.runner.model.arch, self.limits.block_size, self.dtype)
+
+    # ------------------------------------------------------------------ intake
+    def make_request(self, prompt: str | list[int], params: SamplingParams,
+                     request_id: str | None = None) -> Request:
+        """Tokenizes and validates; raises ValueError with a message fit for an API client."""
+        if isinstance(prompt, str):
+            prompt_text, token_ids = prompt, self.tokenizer(prompt)["input_ids"]
+        else:
+            prompt_text, token_ids = None, list(prompt)
+            bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary "
+                                 f"[0, {self.vocab_size})")
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        total = len(token_ids) + params.max_tokens
+        if total > self.limits.max_model_len:
+            raise ValueError(
+                f"this model's maximum context length is {self.limits.max_model_len} tokens, but "
+                f"the prompt has {len(token_ids)} tokens and max_tokens is {params.max_tokens} "
+                f"({total} in all)"
+            )
+        capacity = self.limits.num_kv_blocks * self.limits.block_size
+        if total > capacity:
+            raise ValueError(f"the request needs {total} tokens of KV cache but the whole cache "
+                             f"holds {capacity}; raise --kv-cache-memory or lower max_tokens")
+        return Request(
+            request_id=request_id or f"req-{next(self._ids)}",
+            prompt_token_ids=token_ids, sampling_params=params, eos_token_ids=self.eos_token_ids,
+            prompt_text=prompt_text,
+        )
+
+    def add(self, request: Request) -> None:
+        if request.request_id in self._states:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        params = request.sampling_params
+        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
+                                             params.stop, params.skip_special_tokens)
+        self._states[request.request_id] = _RequestState(
+            request, detokenizer, request.prompt_text,
+            [] if params.logprobs is not None else None,
+        )
+        self.scheduler.add(request)
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams,
+                    request_id: str | None = None) -> str:
+        request = self.make_request(prompt, params, request_id)
+        self.add(request)
+        return request.request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Ends a request at once and frees its KV blocks. Unknown ids are ignored."""
+        state = self._states.pop(request_id, None)
+        if state is None:
+            return None
+        self.scheduler.abort(state.request)
+        return self._output(state, [], "", None)
+
+    def unfinished_request_ids(self) -> list[str]:
+        return list(self._states)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # -------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        model_input = build_model_input(plan.scheduled, self.limits.block_size, self.device)
+        logits = self.runner.execute(model_input)
+        sampled: list[int | None] = [None] * len(plan.scheduled)
+        sampler_out = None
+        if model_input.logits_owners:
+            requests = [plan.scheduled[i].request for i in model_input.logits_owners]
+            batch = build_sampling_batch(
+                [r.sampling_params for r in requests],
+                [r.prompt_token_ids for r in requests],
+                [r.output_token_ids for r in requests],
+                logits.shape[-1], self.device, self.generator,
+            )
+            sampler_out = sample(logits, batch)
+            for owner, token_id in zip(model_input.logits_owners, sampler_out.token_ids.tolist()):
+                sampled[owner] = token_id
+        self.scheduler.update_from_output(plan, sampled)
+        outputs = []
+        for row, owner in enumerate(model_input.logits_owners):
+            request = plan.scheduled[owner].request
+            outputs.append(self._emit(request, sampled[owner], row, sampler_out))
+        return outputs
+
+    def _emit(self, request: Request, token_id: int, row: int,
+              sampler_out: SamplerOutput) -> RequestOutput:
+        state = self._states[request.request_id]
+        delta_logprobs = None
+        if state.logprobs is not None:
+            delta_logprobs = [_token_logprob(token_id, row, sampler_out)]
+            state.logprobs.extend(delta_logprobs)
+        delta_text = state.detokenizer.append([token_id])
+        if state.detokenizer.stop_reason is not None and not request.is_finished:
+            request.stop_reason = state.detokenizer.stop_reason
+            self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
+        elif request.is_finished:
+            delta_text += state.detokenizer.flush()
+        if request.is_finished:
+            del self._states[request.request_id]
+        return self._output(state, [token_id], delta_text, delta_logprobs)
+
+    def _output(self, state: _RequestState, delta_ids, delta_text, delta_logprobs):
+        request = state.request
+        finished = request.is_finished
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            text=state.detokenizer.text,
+            token_ids=list(request.output_token_ids),
+            delta_text=delta_text,
+            delta_token_ids=delta_ids,
+            finished=finished,
+            finish_reason=request.status.value if finished else None,
+            stop_reason=request.stop_reason,
+            logprobs=state.logprobs,
+            delta_logprobs=delta_logprobs,
+            num_cached_tokens=request.num_cached_prompt_tokens,
+            num_preemptions=request.num_preemptions,
+            prompt=state.prompt,
+        )
+
+
+def _token_logprob(token_id: int, row: int, out: SamplerOutput) -> TokenLogprob:
+    top = []
+    if out.top_token_ids is not None:
+        top = list(zip(out.top_token_ids[row].tolist(), out.top_logprobs[row].tolist()))
+    return TokenLogprob(token_id, float(out.logprobs[row]), top)

@@ -1,0 +1,43 @@
+"""The KV tensors of one model, in fixed-size blocks, sized from a memory budget."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.models.architecture import LlamaArchitecture
+
+
+def bytes_per_block(arch: LlamaArchitecture, block_size: int, dtype: torch.dtype) -> int:
+    element_size = torch.empty((), dtype=dtype).element_size()
+    return 2 * arch.num_layers * block_size * arch.num_kv_heads * arch.head_dim * element_size
+
+
+def num_blocks_for_budget(arch, block_size: int, dtype: torch.dtype, budget_bytes: int) -> int:
+    num_blocks = budget_bytes // bytes_per_block(arch, block_size, dtype)
+    if num_blocks < 1:
+        raise ValueError(
+            f"the KV cache budget of {budget_bytes / 2**30:.3f} GiB holds not even one block "
+            f"({bytes_per_block(arch, block_size, dtype)} bytes); raise --kv-cache-memory"
+        )
+    return int(num_blocks)
+
+
+class KVCache:
+    """Per layer, a key and a value tensor of shape [num_blocks, block_size, kv_heads, head_dim].
+
+    It knows nothing of requests: block ids come from the block manager.
+    """
+
+    def __init__(self, arch: LlamaArchitecture, num_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device):
+        shape = (arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
+        self.storage = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.layers = [(self.storage[i, 0], self.storage[i, 1]) for i in range(arch.num_layers)]
+
+    def __getitem__(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layers[layer_id]
+
+    def __len__(self) -> int:
+        return len(self.layers)

@@ -1,0 +1,65 @@
+"""Runs one model over one scheduled step: flat inputs in, logits at the sampled positions out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata, build_attention_metadata
+from engine.kv_cache import KVCache
+from engine.models.llama import LlamaForCausalLM
+from engine.scheduler import ScheduledRequest
+
+
+@dataclass
+class ModelInput:
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    attention: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_logits] flat rows whose logits are wanted
+    logits_owners: list[int]  # [num_logits] index into the scheduled list of each logits row
+
+
+def build_model_input(scheduled: Sequence[ScheduledRequest], block_size: int,
+                      device: torch.device) -> ModelInput:
+    """Concatenates every request's new tokens, with no padding between requests."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    query_lens, context_lens, block_tables = [], [], []
+    logits_indices, logits_owners = [], []
+    for owner, s in enumerate(scheduled):
+        request = s.request
+        start = request.num_computed_tokens
+        end = start + s.num_new_tokens
+        input_ids.extend(request.all_token_ids[start:end])
+        positions.extend(range(start, end))
+        query_lens.append(s.num_new_tokens)
+        context_lens.append(end)
+        block_tables.append(request.block_table)
+        if s.samples_token:
+            logits_indices.append(len(input_ids) - 1)
+            logits_owners.append(owner)
+    return ModelInput(
+        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        attention=build_attention_metadata(query_lens, context_lens, block_tables, block_size,
+                                           device),
+        logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=device),
+        logits_owners=logits_owners,
+    )
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, device: torch.device):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.device = device
+
+    def execute(self, model_input: ModelInput,
+                layer_ids: Sequence[int] | None = None) -> torch.Tensor:  # [num_logits, vocab]
+        return self.model(
+            model_input.input_ids, model_input.positions, self.kv_cache, model_input.attention,
+            model_input.logits_indices, layer_ids=layer_ids,
+        )

@@ -1,0 +1,102 @@
+"""The shape of a Llama-family decoder, read from a Hugging Face config.
+
+One dataclass covers Llama 2/3, Mistral, Qwen2 and SmolLM2: they differ only in biases, rotary
+scaling, head counts and whether the LM head shares the embedding matrix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class LlamaArchitecture:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool  # Qwen2, or Llama with attention_bias
+    o_bias: bool  # Llama with attention_bias
+    mlp_bias: bool
+    rope_theta: float
+    rope_scaling: dict | None  # {"rope_type": "llama3" | "linear", ...}; None: plain RoPE
+
+    @classmethod
+    def from_hf_config(cls, config) -> "LlamaArchitecture":
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"unsupported architecture {model_type!r}: specserve serves "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)} models"
+            )
+        num_heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        rope_params = dict(getattr(config, "rope_parameters", None) or {})
+        legacy_scaling = getattr(config, "rope_scaling", None)
+        if legacy_scaling:
+            rope_params.update(legacy_scaling)
+        rope_theta = rope_params.pop("rope_theta", None) or getattr(config, "rope_theta", 10000.0)
+        rope_type = rope_params.get("rope_type") or rope_params.get("type") or "default"
+        if rope_type not in ("default", "llama3", "linear"):
+            raise ValueError(f"unsupported rope scaling {rope_type!r} (supported: llama3, linear)")
+        max_positions = config.max_position_embeddings
+        sliding_window = getattr(config, "sliding_window", None)
+        if model_type == "mistral" and sliding_window:
+            # No sliding-window attention here: stay inside the window, where it is exact.
+            max_positions = min(max_positions, sliding_window)
+        return cls(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=num_heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=config.rms_norm_eps,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=attention_bias or model_type == "qwen2",
+            o_bias=attention_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            rope_theta=float(rope_theta),
+            rope_scaling=None if rope_type == "default" else {**rope_params, "rope_type": rope_type},
+        )
+
+    def rope_inv_freq(self) -> torch.Tensor:  # [head_dim // 2] float32
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim
+        inv_freq = 1.0 / (self.rope_theta ** exponents)
+        scaling = self.rope_scaling
+        if scaling is None:
+            return inv_freq
+        if scaling["rope_type"] == "linear":
+            return inv_freq / scaling["factor"]
+        return _llama3_inv_freq(inv_freq, scaling)
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1 frequency scaling: long wavelengths are stretched by `factor`, short ones kept,
+    and the band between is interpolated smoothly."""
+    factor = scaling["factor"]
+    low_freq_factor = scaling["low_freq_factor"]
+    high_freq_factor = scaling["high_freq_factor"]
+    original_max = scaling["original_max_position_embeddings"]
+    low_freq_wavelen = original_max / low_freq_factor
+    high_freq_wavelen = original_max / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)

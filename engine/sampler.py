@@ -1,0 +1,212 @@
+"""Choosing the next token from logits: pure functions on tensors, batched, no state.
+
+Order of operations, per row: logit bias -> repetition / frequency / presence penalties -> (greedy:
+argmax) -> temperature -> top-k -> top-p -> min-p -> sample. Seeded rows draw their randomness from
+a generator seeded by (seed, output position), so a request's tokens do not depend on what else is
+in the batch or on whether it was preempted and recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row settings for the rows of a logits tensor (one row per token to be chosen)."""
+
+    temperature: torch.Tensor  # [num_rows] float; 0 for greedy rows
+    top_k: torch.Tensor  # [num_rows] long; vocab size where disabled
+    top_p: torch.Tensor  # [num_rows] float; 1.0 where disabled
+    min_p: torch.Tensor  # [num_rows] float; 0.0 where disabled
+    generators: list[torch.Generator | None]  # per row; None: the shared random stream
+    penalties: "Penalties | None" = None
+    logit_bias: "LogitBias | None" = None
+    all_greedy: bool = False
+    any_greedy: bool = False
+    use_top_k: bool = False
+    use_top_p: bool = False
+    use_min_p: bool = False
+    max_num_logprobs: int | None = None  # None: no row wants logprobs
+
+
+@dataclass
+class Penalties:
+    presence: torch.Tensor  # [num_rows]
+    frequency: torch.Tensor  # [num_rows]
+    repetition: torch.Tensor  # [num_rows]
+    output_counts: torch.Tensor  # [num_rows, vocab] how often each token was generated
+    seen_mask: torch.Tensor  # [num_rows, vocab] bool: token in prompt or output
+
+
+@dataclass
+class LogitBias:
+    rows: torch.Tensor  # [num_biases] long
+    token_ids: torch.Tensor  # [num_biases] long
+    values: torch.Tensor  # [num_biases] float
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # [num_rows] long
+    logprobs: torch.Tensor | None  # [num_rows] float: log-probability of the chosen token
+    top_logprobs: torch.Tensor | None  # [num_rows, max_num_logprobs] float
+    top_token_ids: torch.Tensor | None  # [num_rows, max_num_logprobs] long
+
+
+def seeded_generator(seed: int, position: int, device: torch.device) -> torch.Generator:
+    """A generator that depends only on the request's seed and the output position it samples."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed((seed * 1_000_003 + position) % (2**63))
+    return generator
+
+
+def build_sampling_batch(
+    params: list[SamplingParams],
+    prompt_token_ids: list[list[int]],
+    output_token_ids: list[list[int]],
+    vocab_size: int,
+    device: torch.device,
+    shared_generator: torch.Generator | None = None,
+) -> SamplingBatch:
+    """Turns each row's settings and token history into tensors."""
+    def column(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    generators = [
+        seeded_generator(p.seed, len(out), device) if p.seed is not None else shared_generator
+        for p, out in zip(params, output_token_ids)
+    ]
+    top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+    greedy = [p.greedy for p in params]
+    logprob_counts = [p.logprobs for p in params if p.logprobs is not None]
+    batch = SamplingBatch(
+        temperature=column([p.temperature for p in params], torch.float32),
+        top_k=column(top_k, torch.long),
+        top_p=column([p.top_p for p in params], torch.float32),
+        min_p=column([p.min_p for p in params], torch.float32),
+        generators=generators,
+        all_greedy=all(greedy),
+        any_greedy=any(greedy),
+        use_top_k=any(k < vocab_size for k in top_k),
+        use_top_p=any(p.top_p < 1 for p in params),
+        use_min_p=any(p.min_p > 0 for p in params),
+        max_num_logprobs=max(logprob_counts) if logprob_counts else None,
+    )
+    if any(p.needs_penalties for p in params):
+        batch.penalties = _build_penalties(params, prompt_token_ids, output_token_ids,
+                                           vocab_size, device)
+    if any(p.logit_bias for p in params):
+        entries = [(row, tok, val) for row, p in enumerate(params)
+                   for tok, val in (p.logit_bias or {}).items()]
+        rows, toks, vals = zip(*entries)
+        batch.logit_bias = LogitBias(column(rows, torch.long), column(toks, torch.long),
+                                     column(vals, torch.float32))
+    return batch
+
+
+def _build_penalties(params, prompt_token_ids, output_token_ids, vocab_size, device) -> Penalties:
+    num_rows = len(params)
+    counts = torch.zeros(num_rows, vocab_size, dtype=torch.float32, device=device)
+    seen = torch.zeros(num_rows, vocab_size, dtype=torch.bool, device=device)
+    for row, (prompt, output) in enumerate(zip(prompt_token_ids, output_token_ids)):
+        if output:
+            out = torch.tensor(output, dtype=torch.long, device=device)
+            counts[row].index_add_(0, out, torch.ones_like(out, dtype=torch.float32))
+            seen[row, out] = True
+        if prompt and params[row].repetition_penalty != 1:
+            seen[row, torch.tensor(prompt, dtype=torch.long, device=device)] = True
+    return Penalties(
+        presence=torch.tensor([p.presence_penalty for p in params], device=device),
+        frequency=torch.tensor([p.frequency_penalty for p in params], device=device),
+        repetition=torch.tensor([p.repetition_penalty for p in params], device=device),
+        output_counts=counts, seen_mask=seen,
+    )
+
+
+def apply_penalties(logits: torch.Tensor, penalties: Penalties) -> torch.Tensor:
+    """Repetition penalty (divides positive logits, multiplies negative ones, of seen tokens),
+    then OpenAI's frequency and presence penalties on generated tokens."""
+    repetition = penalties.repetition.unsqueeze(1)
+    penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
+    logits = torch.where(penalties.seen_mask, penalized, logits)
+    logits = logits - penalties.frequency.unsqueeze(1) * penalties.output_counts
+    return logits - penalties.presence.unsqueeze(1) * (penalties.output_counts > 0).float()
+
+
+def apply_top_k_top_p_min_p(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Masks (to -inf) the tokens outside each row's top-k, nucleus (top-p) and min-p sets."""
+    if batch.use_top_k or batch.use_top_p:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
+        drop = ranks >= batch.top_k.unsqueeze(1)
+        if batch.use_top_p:
+            probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+            # Keep a token while the mass of the tokens ranked above it is below top_p.
+            mass_before = probs.cumsum(dim=-1) - probs
+            drop |= mass_before >= batch.top_p.unsqueeze(1)
+        drop[:, 0] = False  # the most likely token always survives
+        logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    if batch.use_min_p:
+        probs = logits.softmax(dim=-1)
+        threshold = batch.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < threshold, float("-inf"))
+    return logits
+
+
+def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """The distribution a non-greedy row samples from, after temperature and the filters.
+
+    Greedy rows get temperature 1 here; callers use argmax for them.
+    """
+    temperature = torch.where(batch.temperature > 0, batch.temperature,
+                              torch.ones_like(batch.temperature))
+    logits = logits / temperature.unsqueeze(1)
+    return apply_top_k_top_p_min_p(logits, batch).softmax(dim=-1)
+
+
+def sample_from_probs(probs: torch.Tensor, generators: list) -> torch.Tensor:  # [num_rows]
+    """Draws one token per row: argmax(p / E) with E ~ Exponential(1) is a draw from p
+    (the exponential race), and lets each row use its own generator without a per-row loop
+    over the vocabulary in Python."""
+    noise = torch.empty_like(probs)
+    for row, generator in enumerate(generators):
+        noise[row].exponential_(generator=generator)
+    noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # a zero draw must not make 0/0
+    return (probs / noise).argmax(dim=-1)
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """logits [num_rows, vocab] (float32, raw from the model) -> one token per row."""
+    raw_logits = logits
+    if batch.logit_bias is not None:
+        bias = batch.logit_bias
+        logits = logits.index_put((bias.rows, bias.token_ids), bias.values, accumulate=True)
+    if batch.penalties is not None:
+        logits = apply_penalties(logits, batch.penalties)
+    greedy_ids = logits.argmax(dim=-1) if batch.any_greedy else None
+    if batch.all_greedy:
+        token_ids = greedy_ids
+    else:
+        sampled = sample_from_probs(target_probs(logits, batch), batch.generators)
+        token_ids = sampled if greedy_ids is None else torch.where(
+            batch.temperature == 0, greedy_ids, sampled)
+    return _with_logprobs(raw_logits, token_ids, batch.max_num_logprobs)
+
+
+def _with_logprobs(raw_logits, token_ids, max_num_logprobs) -> SamplerOutput:
+    """Log-probabilities are those of the model's raw distribution (as vLLM reports them)."""
+    if max_num_logprobs is None:
+        return SamplerOutput(token_ids, None, None, None)
+    logprobs = raw_logits.log_softmax(dim=-1)
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+    top = logprobs.topk(max_num_logprobs, dim=-1) if max_num_logprobs > 0 else None
+    return SamplerOutput(
+        token_ids, chosen,
+        top.values if top is not None else None,
+        top.indices if top is not None else None,
+    )

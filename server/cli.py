@@ -1,0 +1,72 @@
+"""`specserve serve ...`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from engine.config import EngineConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    add_serve_arguments(serve)
+    return parser
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--model", default=None,
+                   help="Hugging Face folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--served-model-name", default=None, help="model name clients must send")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weight dtype (auto: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if present)")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length limit")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="token budget of one engine step (longer prompts prefill in chunks)")
+    p.add_argument("--kv-cache-memory", type=float, default=None,
+                   help="KV cache size in GiB (default: 1 on CPU, 80%% of free GPU memory)")
+    p.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="exact number of KV blocks (overrides --kv-cache-memory)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    p.add_argument("--api-key", default=os.environ.get("SPECSERVE_API_KEY"),
+                   help="require this bearer token (env SPECSERVE_API_KEY)")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"], help="logging verbosity")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig.from_kwargs(
+        model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory_gib=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
+        block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = engine_config_from_args(args)
+    except ValueError as error:
+        raise SystemExit(f"specserve: {error}") from None
+    import uvicorn
+
+    from server.app import ServerSettings, build_app
+
+    settings = ServerSettings(served_model_name=args.served_model_name, api_key=args.api_key)
+    uvicorn.run(build_app(config, settings), host=args.host, port=args.port,
+                log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()
