@@ -146,9 +146,11 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, batch: SamplingBatch) -> torch
         drop = ranks >= batch.top_k.unsqueeze(1)
         if batch.use_top_p:
             probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-            # Keep a token while the mass of the tokens ranked above it is below top_p.
+            # Keep a token while the mass of the tokens ranked above it is below top_p. Rows with
+            # top_p disabled are exempt: float32 cumsums reach 1.0 before the tail ends.
             mass_before = probs.cumsum(dim=-1) - probs
-            drop |= mass_before >= batch.top_p.unsqueeze(1)
+            top_p = batch.top_p.unsqueeze(1)
+            drop |= (mass_before >= top_p) & (top_p < 1)
         drop[:, 0] = False  # the most likely token always survives
         logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
     if batch.use_min_p:

@@ -127,7 +127,9 @@ def iter_checkpoint_tensors(folder: Path):
         yield from torch.load(shard, map_location="cpu", weights_only=True).items()
 
 
-def load_model(model: str | None, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
+               with_tokenizer: bool = True) -> LoadedModel:
+    """Loads weights (and, unless told not to, the tokenizer) of a Llama-family model."""
     from transformers import AutoConfig, AutoTokenizer
 
     folder, name = resolve_model_folder(model)
@@ -139,7 +141,7 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype) -> L
     llama.rotary = type(llama.rotary)(arch).to(device)  # buffers are computed, not loaded
     llama.load_weights(iter_checkpoint_tensors(folder))
     llama = llama.to(dtype).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder) if with_tokenizer else None
     return LoadedModel(
         model=llama, tokenizer=tokenizer, hf_config=hf_config,
         eos_token_ids=_eos_token_ids(folder, hf_config, tokenizer), name=name, folder=folder,
@@ -149,7 +151,7 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype) -> L
 def _eos_token_ids(folder: Path, hf_config, tokenizer) -> frozenset[int]:
     """EOS ids from the model config, its generation config and the tokenizer, merged."""
     ids: set[int] = set()
-    sources = [getattr(hf_config, "eos_token_id", None), tokenizer.eos_token_id]
+    sources = [getattr(hf_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)]
     try:
         from transformers import GenerationConfig
 

@@ -1,0 +1,63 @@
+"""Shared fixtures: the embedded default model (converted once per machine) and tiny random
+models that load in milliseconds."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def default_model_folder():
+    """Hugging Face folder of the embedded SmolLM2-135M-Instruct (dequantized from its GGUF)."""
+    from engine.models.loader import resolve_model_folder
+
+    folder, _name = resolve_model_folder(None)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def default_llm():
+    from engine import LLM
+
+    return LLM()
+
+
+def make_tiny_model(folder, model_type: str = "llama", tokenizer_from=None, **overrides):
+    """Saves a small random model of the given family to `folder` and returns the HF model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    settings = dict(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=False, rms_norm_eps=1e-5,
+    )
+    settings.update(overrides)
+    config = AutoConfig.for_model(model_type, **settings)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Random init leaves tiny weights; scale up so logits differ by more than float noise.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.15)
+    model.eval()
+    model.save_pretrained(folder)
+    if tokenizer_from is not None:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model_folder(tmp_path_factory, default_model_folder):
+    """A tiny random Llama with the default model's tokenizer: the whole engine, in milliseconds."""
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    make_tiny_model(folder, vocab_size=49152, tokenizer_from=default_model_folder,
+                    eos_token_id=2, bos_token_id=1)
+    return folder

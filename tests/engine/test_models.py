@@ -1,0 +1,138 @@
+"""Our Llama-family decoder against transformers' implementation on the same random weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.attention.metadata import build_attention_metadata
+from engine.kv_cache import KVCache
+from engine.models.loader import load_model
+from tests.conftest import make_tiny_model
+
+CPU = torch.device("cpu")
+BLOCK_SIZE = 4
+
+FAMILIES = {
+    "llama-untied": ("llama", {}),
+    "llama-tied": ("llama", {"tie_word_embeddings": True}),
+    "llama-bias": ("llama", {"attention_bias": True}),
+    "llama3-rope-scaling": ("llama", {"rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}, "rope_theta": 500000.0}),
+    "qwen2-qkv-bias": ("qwen2", {"tie_word_embeddings": True}),
+    "mistral": ("mistral", {"sliding_window": None}),
+    "mha-no-gqa": ("llama", {"num_key_value_heads": 4}),
+}
+
+
+def _run_paged(model, token_ids: list[int], block_table: list[int], cache, chunks):
+    """Feeds `token_ids` in the given chunk sizes through the paged cache; returns all logits."""
+    logits, start = [], 0
+    for size in chunks:
+        end = start + size
+        meta = build_attention_metadata([size], [end], [block_table], cache.block_size, CPU)
+        logits.append(model(torch.tensor(token_ids[start:end]), torch.arange(start, end), cache,
+                            meta, torch.arange(size)))
+        start = end
+    return torch.cat(logits)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_logits_match_transformers(tmp_path, family):
+    model_type, overrides = FAMILIES[family]
+    hf_model = make_tiny_model(tmp_path, model_type, **overrides)
+    ours = load_model(str(tmp_path), CPU, torch.float32, with_tokenizer=False).model
+    torch.manual_seed(1)
+    token_ids = torch.randint(0, 256, (40,)).tolist()
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([token_ids])).logits[0]
+    cache = KVCache(ours.arch, num_blocks=32, block_size=BLOCK_SIZE, dtype=torch.float32,
+                    device=CPU)
+    # Scattered, out-of-order blocks; prefill in uneven chunks (one of them batched-size) and then
+    # one token at a time, exercising both attention paths.
+    block_table = [7, 3, 12, 0, 25, 9, 30, 1, 17, 4, 22]
+    got = _run_paged(ours, token_ids, block_table, cache, chunks=[17, 5, 9] + [1] * 9)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_layer_subset_matches_truncated_transformers(tmp_path):
+    hf_model = make_tiny_model(tmp_path, "llama", num_hidden_layers=4)
+    ours = load_model(str(tmp_path), CPU, torch.float32, with_tokenizer=False).model
+    token_ids = list(range(10, 30))
+    keep = [0, 3]
+    hf_model.model.layers = torch.nn.ModuleList(hf_model.model.layers[i] for i in keep)
+    hf_model.config.num_hidden_layers = len(keep)
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([token_ids]), use_cache=False).logits[0]
+    cache = KVCache(ours.arch, 16, BLOCK_SIZE, torch.float32, CPU)
+    meta = build_attention_metadata([20], [20], [list(range(5))], BLOCK_SIZE, CPU)
+    got = ours(torch.tensor(token_ids), torch.arange(20), cache, meta, torch.arange(20),
+               layer_ids=keep)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_batched_requests_match_single(tmp_path):
+    """Three requests of different lengths in one flat batch give each its own logits."""
+    make_tiny_model(tmp_path, "llama")
+    ours = load_model(str(tmp_path), CPU, torch.float32, with_tokenizer=False).model
+    prompts = [list(range(5, 25)), list(range(40, 47)), list(range(100, 133))]
+    singles = []
+    for p in prompts:
+        cache = KVCache(ours.arch, 16, BLOCK_SIZE, torch.float32, CPU)
+        singles.append(_run_paged(ours, p, list(range(16)), cache, [len(p)])[-1])
+    cache = KVCache(ours.arch, 48, BLOCK_SIZE, torch.float32, CPU)
+    tables = [list(range(0, 16)), list(range(16, 32)), list(range(32, 48))]
+    meta = build_attention_metadata([len(p) for p in prompts], [len(p) for p in prompts], tables,
+                                    BLOCK_SIZE, CPU)
+    flat = torch.tensor([t for p in prompts for t in p])
+    positions = torch.cat([torch.arange(len(p)) for p in prompts])
+    last = torch.tensor([19, 26, 59])
+    got = ours(flat, positions, cache, meta, last)
+    torch.testing.assert_close(got, torch.stack(singles), atol=1e-4, rtol=1e-4)
+
+
+def test_sharded_safetensors_load(tmp_path):
+    hf_model = make_tiny_model(tmp_path, "llama")
+    hf_model.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
+    a = load_model(str(tmp_path), CPU, torch.float32, with_tokenizer=False).model
+    b = load_model(str(tmp_path / "sharded"), CPU, torch.float32, with_tokenizer=False).model
+    for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(pa, pb), name
+
+
+def test_unsupported_architecture_is_a_one_line_error(tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
+        load_model(str(tmp_path), CPU, torch.float32, with_tokenizer=False)
+
+
+def test_missing_weights_and_paths_are_named(tmp_path):
+    make_tiny_model(tmp_path, "llama")
+    for f in tmp_path.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(ValueError, match="no \\*.safetensors or pytorch_model\\*.bin weights"):
+        load_model(str(tmp_path), CPU, torch.float32, with_tokenizer=False)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_model(str(tmp_path / "nowhere"), CPU, torch.float32, with_tokenizer=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no config.json"):
+        load_model(str(tmp_path / "empty"), CPU, torch.float32, with_tokenizer=False)
+
+
+def test_default_model_gguf_matches_transformers_gguf(default_model_folder):
+    """The embedded GGUF, dequantized and cached, gives transformers' logits."""
+    from transformers import AutoModelForCausalLM
+
+    ours = load_model(None, CPU, torch.float32)
+    assert ours.folder == default_model_folder
+    hf_model = AutoModelForCausalLM.from_pretrained(default_model_folder, dtype=torch.float32)
+    token_ids = ours.tokenizer("The quick brown fox jumps over")["input_ids"]
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([token_ids])).logits[0]
+    cache = KVCache(ours.model.arch, 8, 16, torch.float32, CPU)
+    got = _run_paged(ours.model, token_ids, [0, 1, 2], cache, [len(token_ids)])
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
