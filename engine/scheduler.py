@@ -151,9 +151,10 @@ class Scheduler:
 
     def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params
-        if (token_id in request.eos_token_ids and not params.ignore_eos) \
-                or token_id in params.stop_token_ids:
-            request.stop_reason = token_id
+        if token_id in params.stop_token_ids:
+            request.stop_reason = token_id  # as vLLM: set for stop tokens, None for EOS
+            return RequestStatus.FINISHED_STOPPED
+        if token_id in request.eos_token_ids and not params.ignore_eos:
             return RequestStatus.FINISHED_STOPPED
         if request.num_output_tokens >= params.max_tokens \
                 or request.num_tokens >= self.max_model_len:

@@ -1,0 +1,93 @@
+"""AsyncEngine: streaming from a background step loop, abort from the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine import AsyncEngine, EngineConfig, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def async_engine(tiny_chat_model_folder):
+    engine = AsyncEngine.from_config(EngineConfig.from_kwargs(model=str(tiny_chat_model_folder)))
+    yield engine
+    engine.shutdown()
+
+
+def _blocks_free(engine: AsyncEngine) -> bool:
+    manager = engine.engine.block_manager
+    return manager.num_free_blocks == manager.num_blocks
+
+
+async def _wait_until(predicate, timeout=10.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def test_streamed_deltas_add_up_to_the_final_output(async_engine):
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+    async def collect(prompt):
+        deltas, ids, last = [], [], None
+        async for out in async_engine.generate(prompt, params):
+            deltas.append(out.delta_text)
+            ids.extend(out.delta_token_ids)
+            last = out
+        return deltas, ids, last
+
+    async def main():
+        return await asyncio.gather(*(collect(f"Hello number {i}") for i in range(6)))
+
+    for deltas, ids, last in asyncio.run(main()):
+        assert last.finished and last.finish_reason == "length"
+        assert "".join(deltas) == last.text
+        assert ids == last.token_ids and len(ids) == 12
+    assert _blocks_free(async_engine)
+
+
+def test_leaving_the_stream_aborts_and_frees_blocks(async_engine):
+    async def main():
+        stream = async_engine.generate("Tell me a long story",
+                                       SamplingParams(max_tokens=400, ignore_eos=True))
+        count = 0
+        async for _ in stream:
+            count += 1
+            if count == 3:
+                break
+        await stream.aclose()
+        await _wait_until(lambda: not async_engine.engine.has_unfinished())
+        return count
+
+    assert asyncio.run(main()) == 3
+    assert _blocks_free(async_engine)
+
+
+def test_abort_by_id_ends_the_stream(async_engine):
+    async def main():
+        outputs = []
+        async for out in async_engine.generate("Count to a thousand",
+                                               SamplingParams(max_tokens=400, ignore_eos=True),
+                                               request_id="to-abort"):
+            outputs.append(out)
+            if len(outputs) == 2:
+                async_engine.abort("to-abort")
+        return outputs
+
+    outputs = asyncio.run(main())
+    assert outputs[-1].finished and outputs[-1].finish_reason == "abort"
+    assert len(outputs) < 400
+    assert _blocks_free(async_engine)
+
+
+def test_invalid_request_raises_in_the_caller(async_engine):
+    async def main():
+        async for _ in async_engine.generate("x", SamplingParams(max_tokens=10**6)):
+            pass
+
+    with pytest.raises(ValueError, match="maximum context length"):
+        asyncio.run(main())
+    assert async_engine.is_running
