@@ -6,7 +6,6 @@ characters end up split across several tokens, the case streaming detokenization
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import pytest
@@ -190,13 +189,9 @@ def test_decode_window_stays_small(tok: PreTrainedTokenizerFast) -> None:
     assert counting.longest <= 8
 
 
-@pytest.mark.skipif(
-    not os.environ.get("SPECSERVE_TEST_TOKENIZER_DIR"),
-    reason="SPECSERVE_TEST_TOKENIZER_DIR (a SmolLM2 tokenizer folder) is not set",
-)
 @pytest.mark.parametrize("chunk", [1, 3])
-def test_round_trip_with_default_model_tokenizer(chunk: int) -> None:
-    real = AutoTokenizer.from_pretrained(os.environ["SPECSERVE_TEST_TOKENIZER_DIR"])
+def test_round_trip_with_default_model_tokenizer(chunk: int, default_model_folder) -> None:
+    real = AutoTokenizer.from_pretrained(default_model_folder)
     prompt = _ids(real, "<|im_start|>user\nHi 👋<|im_end|>\n<|im_start|>assistant\n")
     for text in TEXTS:
         ids = _ids(real, text) + [real.eos_token_id]
