@@ -48,6 +48,7 @@ class LLMEngine:
         self.dtype = pick_dtype(config.model.dtype, self.device)
         loaded = load_model(config.model.model, self.device, self.dtype)
         self.model_name = loaded.name
+        self.model_folder = loaded.folder
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
         self.hf_config = loaded.hf_config

@@ -57,8 +57,12 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = engine_config_from_args(args)
+        # Fail before the server starts, with one line, when the model cannot be found.
+        from engine.models.loader import resolve_model_folder
+
+        resolve_model_folder(config.model.model)
     except ValueError as error:
-        raise SystemExit(f"specserve: {error}") from None
+        raise SystemExit(f"specserve: error: {error}") from None
     import uvicorn
 
     from server.app import ServerSettings, build_app

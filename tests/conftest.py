@@ -7,6 +7,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import engine  # noqa: E402,F401  (first: it sets OpenMP's wait policy before torch loads)
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

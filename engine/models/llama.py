@@ -69,7 +69,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, arch: LlamaArchitecture):
         super().__init__()
         self.arch = arch
-        # A tied model has one vocabulary matrix: the LM head, which doubles as the embedding.
+        # A tied model has one vocabulary matrix: the LM head's, which doubles as the embedding.
         self.embed_tokens = (
             None if arch.tie_word_embeddings else nn.Embedding(arch.vocab_size, arch.hidden_size)
         )
@@ -80,8 +80,15 @@ class LlamaForCausalLM(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         if self.embed_tokens is None:
-            return self.lm_head.rows_as_embedding(input_ids)
+            return F.embedding(input_ids, self.lm_head.weight)
         return self.embed_tokens(input_ids)
+
+    def pack_for_cpu(self) -> None:
+        """Repacks every projection for the CPU's fastest kernel (no-op elsewhere)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                tied_head = module is self.lm_head and self.embed_tokens is None
+                module.pack_for_cpu(keep_plain_weight=tied_head)
 
     @torch.inference_mode()
     def forward(

@@ -141,6 +141,7 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
     llama.rotary = type(llama.rotary)(arch).to(device)  # buffers are computed, not loaded
     llama.load_weights(iter_checkpoint_tensors(folder))
     llama = llama.to(dtype).eval()
+    llama.pack_for_cpu()
     tokenizer = AutoTokenizer.from_pretrained(folder) if with_tokenizer else None
     return LoadedModel(
         model=llama, tokenizer=tokenizer, hf_config=hf_config,

@@ -48,4 +48,5 @@ def test_bad_model_path_fails_fast_with_one_line():
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode != 0
-    assert "model path does not exist: /nonexistent/model" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "specserve: error: model path does not exist: /nonexistent/model")

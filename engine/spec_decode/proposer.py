@@ -1,0 +1,31 @@
+"""The interface every proposer implements: given requests and a draft length each, guess tokens."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.request import Request
+
+
+@dataclass
+class Proposal:
+    draft_token_ids: list[list[int]]  # per request, at most the asked number of tokens
+    # Per request [num_drafts, vocab] distributions the drafts were drawn from, or None for a
+    # proposer that picks tokens deterministically (its distribution is one-hot on its pick).
+    draft_probs: list[torch.Tensor | None] | None = None
+
+
+class Proposer(ABC):
+    name: str = "none"
+
+    @abstractmethod
+    def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Proposal:
+        """Guesses up to `num_tokens[i]` tokens to follow `requests[i].all_token_ids`.
+
+        Called after the scheduler has reserved KV slots for the drafts, so a model-based
+        proposer may write its KV at the draft positions of each request's block table.
+        """
