@@ -62,16 +62,59 @@ class SchedulerConfig:
             )
 
 
+SPECULATIVE_METHODS = ("none", "ngram", "draft", "layer-skip")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Which proposer guesses tokens and how many at most; the controller picks fewer when
+    guessing does not pay."""
+
+    speculative_method: str = "ngram"
+    num_speculative_tokens: int = 5  # the ceiling of K
+    draft_model: str | None = None  # for "draft": HF folder or .gguf
+    draft_layers: int | None = None  # for "layer-skip": how many layers the draft runs
+    draft_layer_ids: tuple[int, ...] | None = None  # for "layer-skip": exactly these layers
+    ngram_max: int = 4
+    ngram_min: int = 1
+    adaptive: bool = True  # False: always draft K tokens (for measurements)
+
+    def __post_init__(self) -> None:
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(f"--speculative-method must be one of {', '.join(SPECULATIVE_METHODS)}"
+                             f", got {self.speculative_method!r}")
+        if not 0 <= self.num_speculative_tokens <= 32:
+            raise ValueError("--num-speculative-tokens must be in [0, 32], got "
+                             f"{self.num_speculative_tokens}")
+        if self.speculative_method == "draft" and not self.draft_model:
+            raise ValueError("--speculative-method draft needs --draft-model PATH")
+        if self.draft_layers is not None and self.draft_layers < 1:
+            raise ValueError(f"--draft-layers must be >= 1, got {self.draft_layers}")
+        if self.draft_layer_ids is not None:
+            object.__setattr__(self, "draft_layer_ids", tuple(self.draft_layer_ids))
+            if not self.draft_layer_ids:
+                raise ValueError("--draft-layer-ids must name at least one layer")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min}, "
+                             f"{self.ngram_max}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative_method != "none" and self.num_speculative_tokens > 0
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
         """Builds a config from flat keyword arguments named like the CLI flags."""
-        sections = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+        sections = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
+                    "speculative": SpeculativeConfig}
         parts: dict[str, dict] = {name: {} for name in sections}
         for key, value in kwargs.items():
             owner = next((n for n, c in sections.items() if key in c.__dataclass_fields__), None)

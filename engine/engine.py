@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,9 @@ from engine.model_runner import ModelRunner, build_model_input
 from engine.models.loader import load_model
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.request import Request, RequestStatus
-from engine.sampler import SamplerOutput, build_sampling_batch, sample
+from engine.sampler import SamplerOutput, build_sampling_batch, compute_logprobs
+from engine.spec_decode.factory import build_speculation
+from engine.spec_decode.verifier import VerifySeq, verify
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 
@@ -68,11 +71,15 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.limits.max_model_len)
         self.generator = torch.Generator(device=self.device)
         self.generator.seed()
+        self.proposer, self.controller = None, None
+        if config.speculative.enabled:
+            self.proposer, self.controller = build_speculation(config.speculative, self)
         self._states: dict[str, _RequestState] = {}
         self._ids = itertools.count()
-        logger.info("engine ready: model %s, %s on %s, %d KV blocks of %d tokens",
+        logger.info("engine ready: model %s, %s on %s, %d KV blocks of %d tokens, speculation: %s",
                     self.model_name, str(self.dtype).removeprefix("torch."), self.device,
-                    self.limits.num_kv_blocks, self.limits.block_size)
+                    self.limits.num_kv_blocks, self.limits.block_size,
+                    self.proposer.name if self.proposer else "none")
 
     def _num_kv_blocks(self, arch) -> int:
         cache = self.config.cache
@@ -154,47 +161,100 @@ class LLMEngine:
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        plan = self.scheduler.schedule()
+        lookahead = self.controller.lookahead if self.controller is not None else None
+        plan = self.scheduler.schedule(lookahead)
         if plan.is_empty:
             return []
+        draft_probs = self._propose(plan) if self.controller is not None else {}
         model_input = build_model_input(plan.scheduled, self.limits.block_size, self.device)
+        started = time.perf_counter()
         logits = self.runner.execute(model_input)
-        sampled: list[int | None] = [None] * len(plan.scheduled)
-        sampler_out = None
-        if model_input.logits_owners:
-            requests = [plan.scheduled[i].request for i in model_input.logits_owners]
-            batch = build_sampling_batch(
-                [r.sampling_params for r in requests],
-                [r.prompt_token_ids for r in requests],
-                [r.output_token_ids for r in requests],
-                logits.shape[-1], self.device, self.generator,
-            )
-            sampler_out = sample(logits, batch)
-            for owner, token_id in zip(model_input.logits_owners, sampler_out.token_ids.tolist()):
-                sampled[owner] = token_id
-        self.scheduler.update_from_output(plan, sampled)
-        outputs = []
-        for row, owner in enumerate(model_input.logits_owners):
-            request = plan.scheduled[owner].request
-            outputs.append(self._emit(request, sampled[owner], row, sampler_out))
-        return outputs
+        owners = model_input.logits_owners
+        requests = [plan.scheduled[i].request for i in owners]
+        emitted_by_owner = self._verify(requests, model_input.logits_row_starts, logits,
+                                        draft_probs)
+        if self.controller is not None:
+            self.controller.observe_step(plan.num_batched_tokens, time.perf_counter() - started)
+            for request, emitted in zip(requests, emitted_by_owner):
+                if request.draft_token_ids:
+                    self.controller.observe_verification(
+                        request, len(request.draft_token_ids), len(emitted) - 1)
+        emitted = [[] for _ in plan.scheduled]
+        for owner, tokens in zip(owners, emitted_by_owner):
+            emitted[owner] = tokens
+        num_before = [r.num_output_tokens for r in requests]
+        self.scheduler.update_from_output(plan, emitted)
+        return [self._emit(request, before, row_start, logits)
+                for request, before, row_start
+                in zip(requests, num_before, model_input.logits_row_starts)]
 
-    def _emit(self, request: Request, token_id: int, row: int,
-              sampler_out: SamplerOutput) -> RequestOutput:
+    def _propose(self, plan) -> dict[str, torch.Tensor]:
+        """Asks the controller how many drafts each decoding request gets and the proposer for
+        them. Returns the draft distributions of proposers that sample their drafts."""
+        decoding = [s for s in plan.scheduled if s.num_lookahead > 0]
+        if not decoding:
+            return {}
+        requests = [s.request for s in decoding]
+        num_other = plan.num_batched_tokens  # drafts not set yet: each request's own tokens
+        ks = self.controller.plan(requests, [s.num_lookahead for s in decoding], num_other)
+        if not any(ks):
+            return {}
+        started = time.perf_counter()
+        proposal = self.proposer.propose(requests, ks)
+        self.controller.observe_drafting(sum(len(d) for d in proposal.draft_token_ids),
+                                         getattr(self.proposer, "num_sequential_steps", 0),
+                                         time.perf_counter() - started)
+        probs = {}
+        for index, (request, drafts) in enumerate(zip(requests, proposal.draft_token_ids)):
+            request.draft_token_ids = drafts
+            if drafts and proposal.draft_probs is not None \
+                    and proposal.draft_probs[index] is not None:
+                probs[request.request_id] = proposal.draft_probs[index]
+        return probs
+
+    def _verify(self, requests, row_starts, logits, draft_probs) -> list[list[int]]:
+        """Per sampling request: its accepted drafts and one new token (just the new token
+        without speculation)."""
+        if not requests:
+            return []
+        params, prompts, histories, seqs = [], [], [], []
+        for request, row_start in zip(requests, row_starts):
+            drafts = request.draft_token_ids
+            for j in range(len(drafts) + 1):  # row j scores the position after drafts[:j]
+                params.append(request.sampling_params)
+                prompts.append(request.prompt_token_ids)
+                histories.append(request.output_token_ids + drafts[:j])
+            seqs.append(VerifySeq(row_start, drafts, draft_probs.get(request.request_id)))
+        batch = build_sampling_batch(params, prompts, histories, logits.shape[-1], self.device,
+                                     self.generator)
+        return verify(logits, batch, seqs)
+
+    def _emit(self, request: Request, num_before: int, row_start: int,
+              logits: torch.Tensor) -> RequestOutput:
         state = self._states[request.request_id]
-        delta_logprobs = None
-        if state.logprobs is not None:
-            delta_logprobs = [_token_logprob(token_id, row, sampler_out)]
-            state.logprobs.extend(delta_logprobs)
-        delta_text = state.detokenizer.append([token_id])
-        if state.detokenizer.stop_reason is not None and not request.is_finished:
-            request.stop_reason = state.detokenizer.stop_reason
-            self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
-        elif request.is_finished:
+        new_ids = request.output_token_ids[num_before:]
+        delta_text = ""
+        for count, token_id in enumerate(new_ids, start=1):
+            delta_text += state.detokenizer.append([token_id])
+            if state.detokenizer.stop_reason is not None:
+                # A stop string inside a run of accepted drafts: drop the tokens after it.
+                new_ids = new_ids[:count]
+                self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED,
+                                      num_output_tokens=num_before + count)
+                request.stop_reason = state.detokenizer.stop_reason
+                break
+        if request.is_finished and state.detokenizer.stop_reason is None:
             delta_text += state.detokenizer.flush()
+        delta_logprobs = None
+        if state.logprobs is not None and new_ids:
+            rows = logits[row_start:row_start + len(new_ids)]
+            out = compute_logprobs(rows, torch.tensor(new_ids, device=rows.device),
+                                   request.sampling_params.logprobs)
+            delta_logprobs = [_token_logprob(t, i, out) for i, t in enumerate(new_ids)]
+            state.logprobs.extend(delta_logprobs)
         if request.is_finished:
             del self._states[request.request_id]
-        return self._output(state, [token_id], delta_text, delta_logprobs)
+        return self._output(state, new_ids, delta_text, delta_logprobs)
 
     def _output(self, state: _RequestState, delta_ids, delta_text, delta_logprobs):
         request = state.request
@@ -214,6 +274,7 @@ class LLMEngine:
             num_cached_tokens=request.num_cached_prompt_tokens,
             num_preemptions=request.num_preemptions,
             prompt=state.prompt,
+            spec_stats=request.spec_stats,
         )
 
 

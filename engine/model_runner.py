@@ -19,28 +19,36 @@ class ModelInput:
     positions: torch.Tensor  # [num_tokens]
     attention: AttentionMetadata
     logits_indices: torch.Tensor  # [num_logits] flat rows whose logits are wanted
-    logits_owners: list[int]  # [num_logits] index into the scheduled list of each logits row
+    # Requests that sample this step (indices into the scheduled list) and where their logits
+    # rows begin: one row for the last own token, then one per draft token.
+    logits_owners: list[int]
+    logits_row_starts: list[int]
 
 
 def build_model_input(scheduled: Sequence[ScheduledRequest], block_size: int,
                       device: torch.device) -> ModelInput:
-    """Concatenates every request's new tokens, with no padding between requests."""
+    """Concatenates every request's new tokens and then its draft tokens, with no padding
+    between requests."""
     input_ids: list[int] = []
     positions: list[int] = []
     query_lens, context_lens, block_tables = [], [], []
-    logits_indices, logits_owners = [], []
+    logits_indices, logits_owners, logits_row_starts = [], [], []
     for owner, s in enumerate(scheduled):
         request = s.request
         start = request.num_computed_tokens
-        end = start + s.num_new_tokens
-        input_ids.extend(request.all_token_ids[start:end])
+        drafts = request.draft_token_ids
+        input_ids.extend(request.all_token_ids[start:start + s.num_new_tokens])
+        input_ids.extend(drafts)
+        end = start + s.num_fed_tokens
         positions.extend(range(start, end))
-        query_lens.append(s.num_new_tokens)
+        query_lens.append(s.num_fed_tokens)
         context_lens.append(end)
         block_tables.append(request.block_table)
         if s.samples_token:
-            logits_indices.append(len(input_ids) - 1)
+            last_own = len(input_ids) - len(drafts) - 1
             logits_owners.append(owner)
+            logits_row_starts.append(len(logits_indices))
+            logits_indices.extend(range(last_own, last_own + len(drafts) + 1))
     return ModelInput(
         input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
@@ -48,6 +56,7 @@ def build_model_input(scheduled: Sequence[ScheduledRequest], block_size: int,
                                            device),
         logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=device),
         logits_owners=logits_owners,
+        logits_row_starts=logits_row_starts,
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.spec_decode.stats import SpecStats
+
 
 @dataclass
 class TokenLogprob:
@@ -28,3 +30,4 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_preemptions: int = 0
     prompt: str | None = None
+    spec_stats: SpecStats = field(default_factory=SpecStats)  # this request's speculation

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
+from engine.spec_decode.stats import AcceptanceTracker, SpecStats
 
 
 class RequestStatus(enum.Enum):
@@ -49,6 +50,14 @@ class Request:
     num_cached_prompt_tokens: int = 0  # prefix-cache hit at the last admission
     num_preemptions: int = 0
 
+    # Speculation. Drafts for this step (writer: the engine, from the proposer); the draft model's
+    # own KV progress (writer: the draft-model proposer; reset on preemption by the scheduler);
+    # counters (writer: the scheduler); recent acceptance (writer: the speculation controller).
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_draft_computed_tokens: int = 0
+    spec_stats: SpecStats = field(default_factory=SpecStats)
+    acceptance: AcceptanceTracker = field(default_factory=AcceptanceTracker)
+
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the leading full blocks
 
@@ -66,6 +75,12 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Drops generated tokens past the first `num_output_tokens` (a stop string ended the
+        text inside a run of accepted drafts)."""
+        del self.output_token_ids[num_output_tokens:]
+        del self.all_token_ids[self.num_prompt_tokens + num_output_tokens:]
 
     @property
     def num_tokens(self) -> int:

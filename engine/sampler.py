@@ -72,13 +72,16 @@ def build_sampling_batch(
     vocab_size: int,
     device: torch.device,
     shared_generator: torch.Generator | None = None,
+    seed_offset: int = 0,
 ) -> SamplingBatch:
-    """Turns each row's settings and token history into tensors."""
+    """Turns each row's settings and token history into tensors. `seed_offset` gives seeded rows
+    a stream of their own (a draft model's draws must be independent of the target's)."""
     def column(values, dtype):
         return torch.tensor(values, dtype=dtype, device=device)
 
     generators = [
-        seeded_generator(p.seed, len(out), device) if p.seed is not None else shared_generator
+        seeded_generator(p.seed + seed_offset, len(out), device) if p.seed is not None
+        else shared_generator
         for p, out in zip(params, output_token_ids)
     ]
     top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
@@ -182,25 +185,35 @@ def sample_from_probs(probs: torch.Tensor, generators: list) -> torch.Tensor:  #
     return (probs / noise).argmax(dim=-1)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-    """logits [num_rows, vocab] (float32, raw from the model) -> one token per row."""
-    raw_logits = logits
+def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Logit bias, then penalties: what greedy rows take the argmax of."""
     if batch.logit_bias is not None:
         bias = batch.logit_bias
         logits = logits.index_put((bias.rows, bias.token_ids), bias.values, accumulate=True)
     if batch.penalties is not None:
         logits = apply_penalties(logits, batch.penalties)
-    greedy_ids = logits.argmax(dim=-1) if batch.any_greedy else None
+    return logits
+
+
+def choose_tokens(processed_logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """One token per row from processed logits: argmax for greedy rows, a draw otherwise."""
+    greedy_ids = processed_logits.argmax(dim=-1) if batch.any_greedy else None
     if batch.all_greedy:
-        token_ids = greedy_ids
-    else:
-        sampled = sample_from_probs(target_probs(logits, batch), batch.generators)
-        token_ids = sampled if greedy_ids is None else torch.where(
-            batch.temperature == 0, greedy_ids, sampled)
-    return _with_logprobs(raw_logits, token_ids, batch.max_num_logprobs)
+        return greedy_ids
+    sampled = sample_from_probs(target_probs(processed_logits, batch), batch.generators)
+    if greedy_ids is None:
+        return sampled
+    return torch.where(batch.temperature == 0, greedy_ids, sampled)
 
 
-def _with_logprobs(raw_logits, token_ids, max_num_logprobs) -> SamplerOutput:
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """logits [num_rows, vocab] (float32, raw from the model) -> one token per row."""
+    token_ids = choose_tokens(process_logits(logits, batch), batch)
+    return compute_logprobs(logits, token_ids, batch.max_num_logprobs)
+
+
+def compute_logprobs(raw_logits: torch.Tensor, token_ids: torch.Tensor,
+                     max_num_logprobs: int | None) -> SamplerOutput:
     """Log-probabilities are those of the model's raw distribution (as vLLM reports them)."""
     if max_num_logprobs is None:
         return SamplerOutput(token_ids, None, None, None)

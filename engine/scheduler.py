@@ -5,12 +5,19 @@ so decodes are never starved by a long prompt; a prompt longer than what is left
 prefilled in chunks over several steps. When KV blocks run out, the newest running request is
 preempted: its blocks are freed and it is later recomputed from its tokens (prompt and output so
 far), which gives the same output because sampling depends only on the request's own history.
+
+Speculation: a request that is decoding (exactly one token, its last, not yet computed) may get
+`num_lookahead` extra KV slots reserved for draft tokens. The proposer fills them after
+scheduling; the verify step then feeds the last token plus the drafts, and `update_from_output`
+keeps the accepted ones: rejected drafts are uncomputed again by lowering `num_computed_tokens`
+and their now-empty blocks go back to the free list.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
@@ -21,8 +28,14 @@ from engine.request import Request, RequestStatus
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int  # fed to the model this step, starting at request.num_computed_tokens
+    num_new_tokens: int  # of the request's own tokens, fed from request.num_computed_tokens on
     samples_token: bool  # the step reaches the request's last token, so it yields the next one
+    num_lookahead: int = 0  # KV slots reserved past the last token for draft tokens
+
+    @property
+    def num_fed_tokens(self) -> int:
+        """Tokens this request contributes to the batch: its own, then its draft tokens."""
+        return self.num_new_tokens + len(self.request.draft_token_ids)
 
 
 @dataclass
@@ -32,7 +45,7 @@ class SchedulerOutput:
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        return sum(s.num_fed_tokens for s in self.scheduled)
 
     @property
     def is_empty(self) -> bool:
@@ -65,17 +78,22 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     # ---------------------------------------------------------------- schedule
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, lookahead: Callable[[Request], int] | None = None) -> SchedulerOutput:
+        """Plans one step. `lookahead(request)` is how many draft slots a decoding request wants
+        (the speculation controller's per-request K); None: no speculation."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._reserve_or_preempt(request, num_new, out):
+            num_lookahead = 0
+            if lookahead is not None and num_new == 1:
+                num_lookahead = min(lookahead(request), budget - 1, self._room_left(request))
+            if not self._reserve_or_preempt(request, num_new + num_lookahead, out):
                 break  # the request itself was the newest and got preempted
-            out.scheduled.append(self._scheduled(request, num_new))
-            budget -= num_new
+            out.scheduled.append(self._scheduled(request, num_new, num_lookahead))
+            budget -= num_new + num_lookahead
             index += 1
         # New requests only when nobody had to give up blocks this step.
         while (not out.preempted and self.waiting and budget > 0
@@ -93,9 +111,15 @@ class Scheduler:
             budget -= num_new
         return out
 
-    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _scheduled(self, request: Request, num_new: int, num_lookahead: int = 0):
         reaches_end = request.num_computed_tokens + num_new == request.num_tokens
-        return ScheduledRequest(request, num_new, samples_token=reaches_end)
+        return ScheduledRequest(request, num_new, reaches_end, num_lookahead)
+
+    def _room_left(self, request: Request) -> int:
+        """Drafts beyond this could only produce tokens past max_tokens or the context limit."""
+        by_tokens = request.sampling_params.max_tokens - request.num_output_tokens - 1
+        by_length = self.max_model_len - request.num_tokens - 1
+        return max(0, min(by_tokens, by_length))
 
     def _reserve_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
         while not self.block_manager.allocate(request, num_new):
@@ -123,6 +147,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request)
         request.num_computed_tokens = 0
+        request.num_draft_computed_tokens = 0  # the blocks are gone for every KV pool
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -130,23 +155,36 @@ class Scheduler:
 
     # ------------------------------------------------------------------ update
     def update_from_output(self, out: SchedulerOutput,
-                           sampled_token_ids: list[int | None]) -> list[Request]:
-        """Advances each scheduled request by its computed tokens and its new token (None when
-        the step only prefilled part of a prompt). Returns the requests that finished."""
+                           emitted_token_ids: list[list[int]]) -> list[Request]:
+        """Advances each scheduled request by the tokens the step produced for it.
+
+        `emitted_token_ids[i]` is empty when the step only prefilled part of a prompt; else the
+        accepted drafts followed by one sampled token. Returns the requests that finished.
+        """
         finished = []
-        for scheduled, token_id in zip(out.scheduled, sampled_token_ids):
+        for scheduled, emitted in zip(out.scheduled, emitted_token_ids):
             request = scheduled.request
             if request.is_finished:
                 continue
-            request.num_computed_tokens += scheduled.num_new_tokens
-            self.block_manager.cache_full_blocks(request, request.num_computed_tokens)
-            if token_id is None:
-                continue
-            request.append_output_token(token_id)
-            status = self._stop_status(request, token_id)
+            num_drafts = len(request.draft_token_ids)
+            num_accepted = max(len(emitted) - 1, 0) if num_drafts else 0
+            request.num_computed_tokens += scheduled.num_new_tokens + num_accepted
+            request.draft_token_ids = []
+            if num_drafts:
+                request.spec_stats.record(num_drafts, num_accepted)
+            status = None
+            for token_id in emitted:
+                request.append_output_token(token_id)
+                status = self._stop_status(request, token_id)
+                if status is not None:
+                    break
             if status is not None:
                 self.finish(request, status)
                 finished.append(request)
+                continue
+            if scheduled.num_lookahead:
+                self.block_manager.truncate(request, request.num_tokens)
+            self.block_manager.cache_full_blocks(request, request.num_computed_tokens)
         return finished
 
     def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
@@ -161,8 +199,12 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH
         return None
 
-    def finish(self, request: Request, status: RequestStatus) -> None:
-        """Ends a running request (a stop condition, or a stop string found by the caller)."""
+    def finish(self, request: Request, status: RequestStatus,
+               num_output_tokens: int | None = None) -> None:
+        """Ends a running request (a stop condition, or a stop string found by the caller, who
+        may cut the output back to `num_output_tokens`)."""
+        if num_output_tokens is not None:
+            request.truncate_output(num_output_tokens)
         if request in self.running:
             self.running.remove(request)
         self._finish(request, status)

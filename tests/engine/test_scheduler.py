@@ -32,7 +32,7 @@ def make_request(request_id: str, num_prompt: int, first: int = 10, **params) ->
 
 def run_step(scheduler: Scheduler, token: int = TOKEN) -> tuple[SchedulerOutput, list[Request]]:
     out = scheduler.schedule()
-    sampled = [token if s.samples_token else None for s in out.scheduled]
+    sampled = [[token] if s.samples_token else [] for s in out.scheduled]
     return out, scheduler.update_from_output(out, sampled)
 
 
@@ -146,7 +146,7 @@ def test_abort_from_waiting_and_from_running_frees_blocks():
     assert b.status == RequestStatus.FINISHED_ABORTED and not scheduler.waiting
     out = scheduler.schedule()
     scheduler.abort(a)  # between schedule and update: the step's result is dropped
-    assert scheduler.update_from_output(out, [TOKEN]) == []
+    assert scheduler.update_from_output(out, [[TOKEN]]) == []
     assert a.status == RequestStatus.FINISHED_ABORTED and a.output_token_ids == [TOKEN]
     assert a.block_table == [] and scheduler.block_manager.ref_counts == [0] * 8
     assert scheduler.block_manager.num_free_blocks == 8 and scheduler.num_unfinished == 0
@@ -264,7 +264,7 @@ def run_to_completion(scheduler: Scheduler, requests: list[Request]) -> dict[str
                 kv[block_id][offset] = token
             history = [kv[request.block_table[p // BLOCK_SIZE]][p % BLOCK_SIZE]
                        for p in range(start + s.num_new_tokens)]
-            sampled.append(next_token(history) if s.samples_token else None)
+            sampled.append([next_token(history)] if s.samples_token else [])
         scheduler.update_from_output(out, sampled)
     assert not scheduler.num_unfinished, "the run did not finish"
     assert manager.num_free_blocks == manager.num_blocks

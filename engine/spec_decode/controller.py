@@ -1,0 +1,126 @@
+"""How many tokens to speculate: per request from its recent acceptance, per step from cost.
+
+Model. A request whose drafts are accepted with probability a each gains a^i expected tokens from
+its i-th draft. A step that feeds n tokens costs about t(n) = fixed + per_token * n (fitted online
+from measured steps), and drafting costs time per token (n-gram lookup) or per sequential draft
+step (a draft model). The controller starts every request at K = 0 and hands out draft tokens one
+at a time, always to the request whose next draft is likeliest to be accepted, while doing so raises the
+step's expected tokens per second. So speculation switches itself off for requests whose drafts
+keep failing, and for batches so large that verifying costs more than it returns.
+
+A request's acceptance is tracked with decayed counts that drift back towards a prior when it is
+not speculating, so a request that was switched off probes again now and then.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from engine.request import Request
+from engine.spec_decode.stats import PRIOR_ACCEPTANCE
+
+COST_DECAY = 0.98  # per observation for the step-time fit
+
+
+class LinearCostModel:
+    """t(n) = fixed + per_unit * n, fitted by exponentially forgetting least squares."""
+
+    def __init__(self, fixed: float, per_unit: float):
+        self.fixed, self.per_unit = fixed, per_unit
+        self._sums = [0.0] * 5  # weight, n, t, n*n, n*t
+
+    def observe(self, n: float, seconds: float) -> None:
+        w, sn, st, snn, snt = (v * COST_DECAY for v in self._sums)
+        self._sums = [w + 1, sn + n, st + seconds, snn + n * n, snt + n * seconds]
+        w, sn, st, snn, snt = self._sums
+        spread = w * snn - sn * sn
+        if w >= 3 and spread > 1e-9 * max(w * snn, 1.0):
+            per_unit = (w * snt - sn * st) / spread
+            fixed = (st - per_unit * sn) / w
+            if per_unit >= 0 and fixed >= 0:
+                self.fixed, self.per_unit = fixed, per_unit
+                return
+        # Not enough spread in n yet: keep the slope, move the intercept to the data.
+        self.fixed = max(st / w - self.per_unit * sn / w, 0.0)
+
+    def __call__(self, n: float) -> float:
+        return self.fixed + self.per_unit * n
+
+
+class DraftCost:
+    """Seconds of drafting. A model-based proposer pays per sequential draft step (one forward
+    of the draft per position, whatever the batch); n-gram lookup pays per token."""
+
+    def __init__(self, per_step: bool, seconds_per_unit: float = 0.0):
+        self.per_step = per_step
+        self.seconds_per_unit = seconds_per_unit
+        self._observed = False
+
+    def __call__(self, num_tokens: int, num_steps: int) -> float:
+        return self.seconds_per_unit * (num_steps if self.per_step else num_tokens)
+
+    def observe(self, num_tokens: int, num_steps: int, seconds: float) -> None:
+        units = num_steps if self.per_step else num_tokens
+        if units:
+            rate = seconds / units
+            self.seconds_per_unit = rate if not self._observed else (
+                0.9 * self.seconds_per_unit + 0.1 * rate)
+            self._observed = True
+
+
+class SpeculationController:
+    def __init__(self, max_k: int, adaptive: bool, step_cost: LinearCostModel,
+                 draft_cost: DraftCost, prior_acceptance: float = PRIOR_ACCEPTANCE):
+        self.max_k = max_k
+        self.prior_acceptance = prior_acceptance
+        self.adaptive = adaptive
+        self.step_cost = step_cost  # seconds for a target step of n tokens
+        self.draft_cost = draft_cost
+
+    def lookahead(self, request: Request) -> int:
+        """KV slots the scheduler reserves for this request's drafts (an upper bound)."""
+        return self.max_k
+
+    def plan(self, requests: Sequence[Request], max_ks: Sequence[int],
+             num_other_tokens: int) -> list[int]:
+        """Draft tokens per request for this step. `num_other_tokens`: tokens fed anyway (each
+        request's last token, other requests' prefill chunks)."""
+        if not self.adaptive:
+            return list(max_ks)
+        ks = [0] * len(requests)
+        estimates = [r.acceptance.estimate(self.prior_acceptance) for r in requests]
+        gains = sum(1.0 for _ in requests)  # each request emits at least one token
+        cost = self.step_cost(num_other_tokens)
+        total_drafts, longest = 0, 0
+        # Max-heap of (next draft's expected gain, request index).
+        heap = [(-a, i) for i, a in enumerate(estimates) if max_ks[i] > 0]
+        heapq.heapify(heap)
+        while heap:
+            neg_gain, i = heapq.heappop(heap)
+            gain = -neg_gain
+            new_longest = max(longest, ks[i] + 1)
+            new_cost = (self.step_cost(num_other_tokens + total_drafts + 1)
+                        + self.draft_cost(total_drafts + 1, new_longest))
+            if (gains + gain) / new_cost <= gains / cost:
+                break  # the likeliest remaining draft no longer pays for itself
+            ks[i] += 1
+            gains += gain
+            cost = new_cost
+            total_drafts += 1
+            longest = new_longest
+            if ks[i] < max_ks[i]:
+                heapq.heappush(heap, (-gain * estimates[i], i))
+        for request, k in zip(requests, ks):
+            if k == 0:
+                request.acceptance.decay()  # drift back towards the prior, to probe later
+        return ks
+
+    def observe_verification(self, request: Request, num_drafts: int, num_accepted: int) -> None:
+        request.acceptance.observe(num_drafts, num_accepted)
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        self.step_cost.observe(num_tokens, seconds)
+
+    def observe_drafting(self, num_draft_tokens: int, num_sequential_steps: int,
+                         seconds: float) -> None:
+        self.draft_cost.observe(num_draft_tokens, num_sequential_steps, seconds)

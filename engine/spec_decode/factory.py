@@ -1,0 +1,95 @@
+"""Builds the proposer and the controller named by the speculative config."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from engine.attention.metadata import build_attention_metadata
+from engine.config import SpeculativeConfig
+from engine.kv_cache import KVCache
+from engine.models.loader import cache_dir, load_model
+from engine.spec_decode.controller import DraftCost, LinearCostModel, SpeculationController
+from engine.spec_decode.layer_skip import calibration_cache_file, choose_layers
+from engine.spec_decode.model_drafter import ModelDrafter
+from engine.spec_decode.ngram import NgramProposer
+from engine.spec_decode.proposer import Proposer
+from engine.spec_decode.stats import PRIOR_ACCEPTANCE
+
+logger = logging.getLogger(__name__)
+
+NGRAM_SECONDS_PER_TOKEN = 2e-5  # a prior; measured online
+
+
+def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, SpeculationController]:
+    """`engine` is the LLMEngine under construction (model, KV cache, limits, tokenizer)."""
+    step_cost = measure_step_cost(engine.runner.model, engine.runner.kv_cache,
+                                  engine.limits.block_size, engine.device)
+    max_k = spec.num_speculative_tokens
+    prior = PRIOR_ACCEPTANCE
+    model = engine.runner.model
+    if spec.speculative_method == "ngram":
+        proposer = NgramProposer(spec.ngram_max, spec.ngram_min)
+        draft_cost = DraftCost(per_step=False, seconds_per_unit=NGRAM_SECONDS_PER_TOKEN)
+    elif spec.speculative_method == "draft":
+        draft = load_draft_model(spec.draft_model, engine)
+        kv_cache = KVCache(draft.arch, engine.limits.num_kv_blocks, engine.limits.block_size,
+                           engine.dtype, engine.device)
+        proposer = ModelDrafter("draft", draft, kv_cache, engine.limits.block_size,
+                                engine.device, catch_up=True, shared_generator=engine.generator)
+        draft_step = measure_step_cost(draft, kv_cache, engine.limits.block_size, engine.device)
+        draft_cost = DraftCost(per_step=True, seconds_per_unit=draft_step(1))
+    else:  # layer-skip
+        layer_ids = list(spec.draft_layer_ids) if spec.draft_layer_ids else None
+        bad = [i for i in layer_ids or [] if not 0 <= i < model.arch.num_layers]
+        if bad:
+            raise ValueError(f"--draft-layer-ids: layer {bad[0]} does not exist (the model has "
+                             f"{model.arch.num_layers})")
+        if layer_ids is None:
+            choice = choose_layers(
+                model, engine.tokenizer, max_k, step_cost, spec.draft_layers,
+                calibration_cache_file(cache_dir(), engine.model_folder, max_k, spec.draft_layers))
+            layer_ids, prior = choice.layer_ids, choice.agreement
+        proposer = ModelDrafter("layer-skip", model, engine.runner.kv_cache,
+                                engine.limits.block_size, engine.device, layer_ids=layer_ids,
+                                catch_up=False, shared_generator=engine.generator)
+        fraction = len(layer_ids) / model.arch.num_layers
+        draft_cost = DraftCost(per_step=True, seconds_per_unit=step_cost(1) * fraction)
+    controller = SpeculationController(max_k, spec.adaptive, step_cost, draft_cost, prior)
+    return proposer, controller
+
+
+def load_draft_model(path: str, engine):
+    """Loads the draft and refuses one whose vocabulary differs from the target's."""
+    loaded = load_model(path, engine.device, engine.dtype)
+    target_vocab, draft_vocab = engine.tokenizer.get_vocab(), loaded.tokenizer.get_vocab()
+    if (loaded.model.arch.vocab_size != engine.vocab_size or target_vocab != draft_vocab):
+        raise ValueError(
+            f"the draft model {path} does not share the target's vocabulary (draft: "
+            f"{loaded.model.arch.vocab_size} logits, {len(draft_vocab)} tokens; target: "
+            f"{engine.vocab_size} logits, {len(target_vocab)} tokens)")
+    return loaded.model
+
+
+def measure_step_cost(model, kv_cache, block_size: int, device) -> LinearCostModel:
+    """Times forwards of 1, 8 and 32 tokens (KV written to the first blocks, which hold nothing
+    yet) and fits t(n) = fixed + per_token * n."""
+    cost = LinearCostModel(fixed=0.05, per_unit=0.001)
+    samples = []
+    for num_tokens in (1, 1, 8, 8, 32, 32):
+        num_blocks = -(-num_tokens // block_size)
+        if num_blocks > kv_cache.num_blocks:
+            break
+        meta = build_attention_metadata([num_tokens], [num_tokens], [list(range(num_blocks))],
+                                        block_size, device)
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+        start = time.perf_counter()
+        model(ids, torch.arange(num_tokens, device=device), kv_cache, meta,
+              torch.tensor([num_tokens - 1], device=device)).cpu()
+        samples.append((num_tokens, time.perf_counter() - start))
+    for num_tokens, seconds in samples[1:]:  # the first forward warms caches up
+        cost.observe(num_tokens, seconds)
+    logger.info("step cost: %.1f ms + %.2f ms per token", cost.fixed * 1e3, cost.per_unit * 1e3)
+    return cost

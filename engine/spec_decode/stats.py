@@ -1,0 +1,74 @@
+"""Speculation counters as plain data, per request and per engine (exported by the metrics layer).
+
+`num_drafts` counts verify steps that carried at least one draft token (vLLM's meaning);
+`accepted_per_position[i]` counts steps whose draft at position i was accepted, so a step that
+accepts a drafts adds one to positions 0..a-1 and the list never increases along positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecStats:
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0  # the bonus / recovered token is not counted
+    num_emitted_tokens: int = 0  # accepted + the one sampled token, per verify step
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        self.num_emitted_tokens += num_accepted + 1
+        if len(self.accepted_per_position) < num_accepted:
+            self.accepted_per_position.extend([0] * (num_accepted - len(self.accepted_per_position)))
+        for position in range(num_accepted):
+            self.accepted_per_position[position] += 1
+
+    def merge(self, other: "SpecStats") -> None:
+        self.num_drafts += other.num_drafts
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        self.num_emitted_tokens += other.num_emitted_tokens
+        extra = len(other.accepted_per_position) - len(self.accepted_per_position)
+        self.accepted_per_position.extend([0] * max(extra, 0))
+        for position, count in enumerate(other.accepted_per_position):
+            self.accepted_per_position[position] += count
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verify step: accepted drafts plus the sampled one (1.0 = no gain)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+PRIOR_ACCEPTANCE = 0.6
+PRIOR_WEIGHT = 2.0
+DECAY = 0.9  # per step, for a request's acceptance counts
+
+
+@dataclass
+class AcceptanceTracker:
+    """Decayed counts of accepted drafts and of draft trials (accepted + first rejections)."""
+
+    accepted: float = 0.0
+    trials: float = 0.0
+
+    def estimate(self, prior: float = PRIOR_ACCEPTANCE) -> float:
+        return (self.accepted + prior * PRIOR_WEIGHT) / (self.trials + PRIOR_WEIGHT)
+
+    def observe(self, num_drafts: int, num_accepted: int) -> None:
+        self.decay()
+        self.accepted += num_accepted
+        # The geometric model's trials: every accepted draft plus the one that was rejected.
+        self.trials += num_accepted + (1 if num_accepted < num_drafts else 0)
+
+    def decay(self) -> None:
+        self.accepted *= DECAY
+        self.trials *= DECAY
