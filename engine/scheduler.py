@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
 from engine.request import Request, RequestStatus
+from engine.spec_decode.stats import SpecStats
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.spec_stats = SpecStats()  # all requests, since start
 
     # ------------------------------------------------------------------ intake
     def add(self, request: Request) -> None:
@@ -172,6 +174,7 @@ class Scheduler:
             request.draft_token_ids = []
             if num_drafts:
                 request.spec_stats.record(num_drafts, num_accepted)
+                self.spec_stats.record(num_drafts, num_accepted)
             status = None
             for token_id in emitted:
                 request.append_output_token(token_id)

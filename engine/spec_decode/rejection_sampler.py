@@ -98,4 +98,10 @@ def rejection_sample(
     num_accepted = accept_drafts(target_probs, draft_token_ids, num_drafts, draft_probs, uniforms,
                                  greedy, target_argmax)
     probs = next_token_probs(target_probs, draft_token_ids, num_drafts, draft_probs, num_accepted)
+    if bool(greedy.any()):
+        # Greedy is the limit of one-hot target distributions: the next token is the target's
+        # argmax. The residual max(0, p - q) of a sampled draft q can peak elsewhere.
+        chosen = target_argmax.gather(1, num_accepted.unsqueeze(1))  # [num_seqs, 1]
+        one_hot = torch.zeros_like(probs).scatter_(1, chosen, 1.0)
+        probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
     return RejectionOutput(num_accepted=num_accepted, next_token_probs=probs)

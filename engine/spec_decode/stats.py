@@ -48,9 +48,9 @@ class SpecStats:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
-PRIOR_ACCEPTANCE = 0.6
-PRIOR_WEIGHT = 2.0
-DECAY = 0.9  # per step, for a request's acceptance counts
+PRIOR_ACCEPTANCE = 0.5
+PRIOR_WEIGHT = 1.0
+DECAY = 0.95  # per step: a memory of about 20 draft trials
 
 
 @dataclass

@@ -1,0 +1,194 @@
+"""Tests of engine.spec_decode.controller and engine.spec_decode.stats (no model): the online cost
+fits, the speculation counters, and how many drafts the adaptive controller hands out for given
+acceptance and cost."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.spec_decode.controller import DraftCost, LinearCostModel, SpeculationController
+from engine.spec_decode.stats import DECAY, PRIOR_ACCEPTANCE, AcceptanceTracker, SpecStats
+
+MAX_K = 4
+
+
+def make_request(request_id="r") -> Request:
+    return Request(request_id, [1, 2, 3], SamplingParams())
+
+
+def make_controller(fixed, per_token, adaptive=True, draft_cost=None) -> SpeculationController:
+    return SpeculationController(MAX_K, adaptive, LinearCostModel(fixed, per_token),
+                                 draft_cost or DraftCost(per_step=False, seconds_per_unit=0.0))
+
+
+def trained_request(controller, request_id, num_accepted=MAX_K, steps=30) -> Request:
+    request = make_request(request_id)
+    for _ in range(steps):
+        controller.observe_verification(request, MAX_K, num_accepted)
+    return request
+
+
+# ------------------------------------------------------------------------------- cost models
+def test_linear_cost_model_recovers_an_exact_line():
+    model = LinearCostModel(fixed=0.05, per_unit=0.001)
+    for n in [1, 8, 32, 1, 8, 32, 4]:
+        model.observe(n, 0.02 + 0.003 * n)
+    assert model.fixed == pytest.approx(0.02, abs=1e-9)
+    assert model.per_unit == pytest.approx(0.003, abs=1e-9)
+    assert model(10) == pytest.approx(0.05, abs=1e-9)
+
+
+def test_linear_cost_model_without_spread_keeps_the_slope_and_moves_the_intercept():
+    model = LinearCostModel(fixed=0.05, per_unit=0.01)
+    for _ in range(5):
+        model.observe(8, 1.0)
+    assert model.per_unit == 0.01
+    assert model.fixed == pytest.approx(1.0 - 0.08)
+
+
+def test_linear_cost_model_forgets_old_measurements():
+    model = LinearCostModel(fixed=0.0, per_unit=0.0)
+    for n in [1, 16, 64] * 50:
+        model.observe(n, 0.5 + 0.01 * n)
+    for n in [1, 16, 64] * 200:
+        model.observe(n, 0.1 + 0.002 * n)
+    assert model.fixed == pytest.approx(0.1, rel=1e-3)
+    assert model.per_unit == pytest.approx(0.002, rel=1e-3)
+
+
+def test_draft_cost_counts_steps_or_tokens_and_averages_measurements():
+    assert DraftCost(per_step=True, seconds_per_unit=0.1)(10, 3) == pytest.approx(0.3)
+    assert DraftCost(per_step=False, seconds_per_unit=0.1)(10, 3) == pytest.approx(1.0)
+    cost = DraftCost(per_step=True, seconds_per_unit=5.0)
+    cost.observe(num_tokens=10, num_steps=0, seconds=1.0)  # nothing to divide by: ignored
+    assert cost.seconds_per_unit == 5.0
+    cost.observe(num_tokens=10, num_steps=2, seconds=0.4)  # the first one replaces the prior
+    assert cost.seconds_per_unit == pytest.approx(0.2)
+    cost.observe(num_tokens=10, num_steps=2, seconds=0.8)
+    assert cost.seconds_per_unit == pytest.approx(0.9 * 0.2 + 0.1 * 0.4)
+
+
+# ------------------------------------------------------------------------------------ stats
+def test_spec_stats_record():
+    stats = SpecStats()
+    assert stats.acceptance_rate == 0.0 and stats.mean_acceptance_length == 0.0
+    stats.record(4, 2)
+    stats.record(4, 4)
+    stats.record(3, 0)
+    assert (stats.num_drafts, stats.num_draft_tokens) == (3, 11)
+    assert (stats.num_accepted_tokens, stats.num_emitted_tokens) == (6, 9)
+    assert stats.accepted_per_position == [2, 2, 1, 1]
+    assert stats.acceptance_rate == pytest.approx(6 / 11)
+    assert stats.mean_acceptance_length == pytest.approx(3.0)
+    emitted_per_step = stats.num_emitted_tokens / stats.num_drafts
+    assert stats.mean_acceptance_length == pytest.approx(emitted_per_step)
+
+
+def test_spec_stats_merge_equals_recording_everything_in_one():
+    rng = random.Random(0)
+    steps = [(k, rng.randint(0, k)) for k in (rng.randint(1, 6) for _ in range(200))]
+    parts, whole = [SpecStats(), SpecStats(), SpecStats()], SpecStats()
+    for index, (k, num_accepted) in enumerate(steps):
+        parts[index % 3 if index < 150 else 0].record(k, num_accepted)
+        whole.record(k, num_accepted)
+    merged = SpecStats()
+    for part in [parts[1], parts[0], SpecStats(), parts[2]]:
+        merged.merge(part)
+    assert merged == whole
+    per_position = whole.accepted_per_position
+    assert all(a >= b for a, b in zip(per_position, per_position[1:]))
+    assert sum(per_position) == whole.num_accepted_tokens
+    assert per_position[0] == sum(1 for _, a in steps if a > 0)
+
+
+def test_acceptance_tracker_follows_observations_and_drifts_back_to_the_prior():
+    tracker = AcceptanceTracker()
+    assert tracker.estimate() == pytest.approx(PRIOR_ACCEPTANCE)
+    for _ in range(50):
+        tracker.observe(4, 4)
+    assert tracker.estimate() > 0.95
+    for _ in range(150):
+        tracker.observe(4, 0)
+    assert tracker.estimate() < 0.1
+    for _ in range(200):
+        tracker.decay()
+    assert tracker.estimate() == pytest.approx(PRIOR_ACCEPTANCE, abs=1e-3)
+
+
+def test_acceptance_tracker_counts_accepted_drafts_and_the_first_rejection_as_trials():
+    tracker = AcceptanceTracker()
+    tracker.observe(4, 2)
+    assert (tracker.accepted, tracker.trials) == (2, 3)
+    tracker.observe(4, 4)  # no rejection: four trials, four successes
+    assert tracker.accepted == pytest.approx(DECAY * 2 + 4)
+    assert tracker.trials == pytest.approx(DECAY * 3 + 4)
+
+
+# ------------------------------------------------------------------------------- controller
+def test_non_adaptive_controller_returns_the_maximum():
+    controller = make_controller(fixed=0.01, per_token=1.0, adaptive=False)
+    requests = [make_request(str(i)) for i in range(3)]
+    assert controller.plan(requests, [4, 0, 2], num_other_tokens=3) == [4, 0, 2]
+    assert controller.lookahead(requests[0]) == MAX_K
+
+
+def test_cheap_verification_and_high_acceptance_speculate_up_to_the_maximum():
+    controller = make_controller(fixed=1.0, per_token=0.001)
+    requests = [trained_request(controller, str(i)) for i in range(3)]
+    assert controller.plan(requests, [4, 2, 0], num_other_tokens=3) == [4, 2, 0]
+    fresh = [make_request("a"), make_request("b")]  # at the prior: still worth it
+    assert controller.plan(fresh, [4, 4], num_other_tokens=2) == [4, 4]
+
+
+def test_expensive_sequential_drafting_limits_the_draft_length():
+    # Each draft-model step costs 30% of a target step; the second draft (expected 0.36 tokens)
+    # no longer pays for it, the first (0.6) does.
+    controller = make_controller(fixed=1.0, per_token=0.001,
+                                 draft_cost=DraftCost(per_step=True, seconds_per_unit=0.3))
+    assert controller.plan([make_request()], [4], num_other_tokens=1) == [1]
+
+
+def test_always_rejected_request_stops_speculating_beside_an_always_accepted_one():
+    controller = make_controller(fixed=1.0, per_token=0.15)
+    good, bad = make_request("good"), make_request("bad")
+    good_ks, bad_ks, bad_estimates = [], [], []
+    for step in range(120):
+        k_good, k_bad = controller.plan([good, bad], [MAX_K, MAX_K], num_other_tokens=2)
+        if k_good:
+            controller.observe_verification(good, k_good, k_good)
+        if k_bad:
+            controller.observe_verification(bad, k_bad, 0)
+        if step >= 20:  # after a warm-up
+            good_ks.append(k_good)
+            bad_ks.append(k_bad)
+            bad_estimates.append(bad.acceptance.estimate(controller.prior_acceptance))
+    assert sum(k > 0 for k in bad_ks) < 0.2 * len(bad_ks)  # rare probes only
+    assert sum(bad_ks) < 0.2 * len(bad_ks)
+    assert max(bad_estimates) < 0.5 and sum(bad_estimates) / len(bad_estimates) < 0.45
+    assert good_ks == [MAX_K] * len(good_ks)
+    assert good.acceptance.estimate() > 0.9
+
+
+def test_expensive_per_token_verification_switches_speculation_off():
+    # A large batch: 64 tokens at 0.01 s each on top of 0.1 s make about 86 tokens per second,
+    # while a draft accepted 3 times in 4 returns 0.74 tokens per 0.01 s, 74 per second.
+    controller = make_controller(fixed=0.1, per_token=0.01)
+    requests = [trained_request(controller, str(i), num_accepted=3) for i in range(64)]
+    assert requests[0].acceptance.estimate() == pytest.approx(0.74, abs=0.01)
+    assert controller.plan(requests, [MAX_K] * 64, num_other_tokens=64) == [0] * 64
+    # The same costs and acceptance with one request alone: the fixed cost dominates.
+    assert controller.plan(requests[:1], [MAX_K], num_other_tokens=1) == [MAX_K]
+
+
+def test_requests_not_speculating_drift_back_towards_the_prior():
+    controller = make_controller(fixed=0.01, per_token=0.01)
+    requests = [trained_request(controller, str(i), num_accepted=0) for i in range(64)]
+    before = requests[0].acceptance.estimate()
+    for _ in range(10):
+        assert controller.plan(requests, [MAX_K] * 64, num_other_tokens=64) == [0] * 64
+    after = requests[0].acceptance.estimate()
+    assert before < after < PRIOR_ACCEPTANCE

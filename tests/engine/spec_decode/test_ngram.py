@@ -1,0 +1,99 @@
+"""Tests of engine.spec_decode.ngram (prompt lookup): which earlier occurrence is copied, how much
+of it, and the proposer's configuration checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.spec_decode.ngram import NgramProposer, find_continuation
+
+
+def make_request(prompt_token_ids, output_token_ids=(), request_id="r"):
+    request = Request(request_id, list(prompt_token_ids), SamplingParams())
+    for token_id in output_token_ids:
+        request.append_output_token(token_id)
+    return request
+
+
+def test_longest_ngram_is_preferred_over_a_more_recent_shorter_one():
+    # Suffix [1, 2, 3]: the 3-gram occurs at 0 (followed by 10, 11); the 2-gram [2, 3] and the
+    # 1-gram [3] also occur later, at 5 (followed by 20, 21).
+    tokens = [1, 2, 3, 10, 11, 2, 3, 20, 21, 1, 2, 3]
+    assert find_continuation(tokens, 2, ngram_max=3, ngram_min=1) == [10, 11]
+    assert find_continuation(tokens, 2, ngram_max=2, ngram_min=1) == [20, 21]
+
+
+def test_most_recent_occurrence_is_used():
+    tokens = [5, 6, 1, 5, 7, 2, 5, 8, 3, 5]
+    assert find_continuation(tokens, 1, ngram_max=1, ngram_min=1) == [8]
+    tokens = [0, 4, 5, 6, 0, 4, 5, 7, 0, 4, 5]  # [0, 4, 5] occurs at 0 and at 4
+    assert find_continuation(tokens, 3, ngram_max=3, ngram_min=1) == [7, 0, 4]
+
+
+def test_continuation_is_truncated_to_num_tokens():
+    tokens = [1, 2, 3, 4, 5, 6, 7, 1, 2]
+    assert find_continuation(tokens, 3, ngram_max=2, ngram_min=1) == [3, 4, 5]
+    assert find_continuation(tokens, 1, ngram_max=2, ngram_min=1) == [3]
+
+
+def test_continuation_is_truncated_at_the_end_of_the_sequence():
+    tokens = [7, 8, 9, 7, 8]  # the match at 0 is followed by 9, 7, 8 and then nothing
+    assert find_continuation(tokens, 10, ngram_max=2, ngram_min=1) == [9, 7, 8]
+    # In a run of one token the latest occurrence overlaps the suffix: one token is left after it.
+    assert find_continuation([3, 3, 3, 3], 5, ngram_max=2, ngram_min=1) == [3]
+    assert find_continuation([3, 3], 5, ngram_max=4, ngram_min=1) == [3]
+
+
+def test_no_match_gives_nothing():
+    assert find_continuation([1, 2, 3, 4, 5], 3, ngram_max=3, ngram_min=1) == []
+    assert find_continuation([], 3, ngram_max=3, ngram_min=1) == []
+    assert find_continuation([1], 3, ngram_max=3, ngram_min=1) == []
+
+
+def test_ngram_min_excludes_shorter_matches():
+    tokens = [9, 4, 6, 1, 2, 5, 4]  # only the 1-gram [4] occurs earlier
+    assert find_continuation(tokens, 2, ngram_max=3, ngram_min=1) == [6, 1]
+    assert find_continuation(tokens, 2, ngram_max=3, ngram_min=2) == []
+    tokens = [9, 4, 6, 1, 9, 4]  # the 2-gram [9, 4] does
+    assert find_continuation(tokens, 2, ngram_max=3, ngram_min=2) == [6, 1]
+
+
+def test_ngram_max_excludes_longer_matches():
+    # With ngram_max 1 only the last token is looked up, and its latest earlier occurrence is at 5.
+    tokens = [1, 2, 3, 10, 2, 3, 20, 1, 2, 3]
+    assert find_continuation(tokens, 1, ngram_max=3, ngram_min=1) == [10]
+    assert find_continuation(tokens, 1, ngram_max=1, ngram_min=1) == [20]
+
+
+def test_zero_or_negative_num_tokens_gives_nothing():
+    tokens = [1, 2, 1]
+    assert find_continuation(tokens, 0, ngram_max=2, ngram_min=1) == []
+    assert find_continuation(tokens, -1, ngram_max=2, ngram_min=1) == []
+
+
+@pytest.mark.parametrize("ngram_max, ngram_min", [(3, 0), (2, 3), (0, 0), (-1, 1)])
+def test_invalid_config_raises(ngram_max, ngram_min):
+    with pytest.raises(ValueError, match="ngram"):
+        NgramProposer(ngram_max=ngram_max, ngram_min=ngram_min)
+
+
+def test_proposer_looks_up_prompt_and_output_per_request():
+    proposer = NgramProposer(ngram_max=3, ngram_min=2)
+    copying = make_request([10, 11, 12, 13, 14, 15], [10, 11], request_id="copy")
+    novel = make_request([1, 2, 3], [4], request_id="novel")
+    short_match = make_request([7, 8, 9, 7, 8], request_id="short")
+    proposal = proposer.propose([copying, novel, short_match], [3, 3, 0])
+    assert proposal.draft_token_ids == [[12, 13, 14], [], []]
+    assert proposal.draft_probs is None  # deterministic drafts: one-hot distributions
+
+
+def test_proposer_sees_tokens_appended_after_a_truncation():
+    proposer = NgramProposer(ngram_max=2, ngram_min=1)
+    request = make_request([5, 6, 7, 8], [5, 6])
+    assert proposer.propose([request], [2]).draft_token_ids == [[7, 8]]
+    request.truncate_output(1)
+    request.append_output_token(8)
+    # Now the context is [5, 6, 7, 8, 5, 8]: [5, 8] never occurred, the latest [8] is at 3.
+    assert proposer.propose([request], [2]).draft_token_ids == [[5, 8]]
