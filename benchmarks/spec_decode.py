@@ -1,19 +1,16 @@
 """Speculative decoding, side by side in one process: our proposers against transformers.
 
-Default model (SmolLM2-135M-Instruct), float32, greedy, batch 1, `--max-tokens` new tokens per
-prompt (EOS ignored), on three workload kinds (see workloads.py): code, copy, chat.
-
-  ours/<method>     LLM(speculative_method=method): none, ngram, layer-skip, draft
-  hf/plain          transformers generate()
-  hf/pld            generate(prompt_lookup_num_tokens=10)
-  hf/assistant      generate(assistant_model=draft)
-
-The draft (ours/draft and hf/assistant) is a copy of the target keeping its first
-`--draft-model-layers` decoder layers, built once into ~/.cache/specserve/bench/.
-Tokens/s of a (system, kind) is generated tokens / seconds summed over the kind's prompts, each
-prompt timed as the best of `--repeats` runs; the systems take turns on every prompt, so machine
-noise hits them alike. Prefix caching is off so that every prompt is prefilled, as in transformers.
-Compare ratios, not absolute numbers. JSON goes to stdout (and --output), a table to stderr.
+Default model, float32, greedy, batch 1, `--max-tokens` new tokens per prompt (EOS ignored), on
+the workload kinds of workloads.py (code, copy, chat). Systems: ours/<method> is
+LLM(speculative_method=method) for none, ngram, layer-skip, draft; hf/plain, hf/pld and
+hf/assistant are transformers generate() plain, with prompt_lookup_num_tokens=10 and with
+assistant_model=draft. The draft is the target's first `--draft-model-layers` layers, saved once
+under ~/.cache/specserve/bench/. Tokens/s of a (system, kind): generated tokens / seconds summed
+over the kind's prompts, each prompt timed as the best of `--repeats` runs, the systems taking
+turns on every prompt so that machine noise hits them alike. Prefix caching is off: every prompt
+is prefilled, as in transformers. Then all prompts, cycled to `--concurrency` requests, go to one
+LLM.generate call with ngram speculation and without. Compare ratios, not absolute numbers.
+JSON goes to stdout (and --output), a table to stderr.
 
     python benchmarks/spec_decode.py [--kinds code,copy,chat] [--methods none,ngram,...]
 """
@@ -22,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import sys
@@ -31,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine import LLM, SamplingParams
 from engine.models.loader import cache_dir, resolve_model_folder
@@ -40,6 +40,7 @@ from workloads import KINDS, encode, load_workloads
 OUR_METHODS = ("none", "ngram", "layer-skip", "draft")
 HF_MODES = ("plain", "pld", "assistant")
 BASELINE = "ours/none"
+ENGINE_OPTIONS = {"dtype": "float32", "enable_prefix_caching": False}
 
 
 @dataclass
@@ -60,8 +61,6 @@ def build_truncated_draft(folder: Path, num_layers: int) -> Path:
     out = cache_dir() / "bench" / f"{folder.name}-first{num_layers}"
     if (out / "config.json").is_file():
         return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     if not 1 <= num_layers < model.config.num_hidden_layers:
         raise ValueError(f"--draft-model-layers must be in [1, {model.config.num_hidden_layers})"
@@ -104,6 +103,23 @@ def transformers_generate(model, **options) -> System:
     return run
 
 
+def build_systems(methods: list[str], hf_modes: list[str], folder: Path,
+                  draft_folder: Path | None) -> tuple[dict[str, LLM], dict[str, System]]:
+    llms = {method: LLM(speculative_method=method, **ENGINE_OPTIONS,
+                        **({"draft_model": str(draft_folder)} if method == "draft" else {}))
+            for method in methods}
+    systems = {f"ours/{method}": ours(llm, method != "none") for method, llm in llms.items()}
+    if hf_modes:
+        hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        options = {"plain": {}, "pld": {"prompt_lookup_num_tokens": 10}}
+        if "assistant" in hf_modes:
+            options["assistant"] = {"assistant_model": AutoModelForCausalLM.from_pretrained(
+                draft_folder, dtype=torch.float32).eval()}
+        systems.update({f"hf/{mode}": transformers_generate(hf_model, **options[mode])
+                        for mode in hf_modes})
+    return llms, systems
+
+
 def measure_kind(systems: dict[str, System], prompts: list[list[int]], max_tokens: int,
                  repeats: int) -> dict[str, list[list[Run]]]:
     """runs[system][prompt index][repeat]; on each prompt the systems take turns."""
@@ -130,8 +146,11 @@ def summarize(runs: list[list[Run]]) -> dict:
             stats.merge(run.spec_stats)
         record.update(num_drafts=stats.num_drafts, num_draft_tokens=stats.num_draft_tokens,
                       num_accepted_tokens=stats.num_accepted_tokens,
-                      acceptance_rate=round(stats.acceptance_rate, 4),
-                      mean_acceptance_length=round(stats.mean_acceptance_length, 3))
+                      # None, not 0, when the controller drafted nothing at all
+                      acceptance_rate=(round(stats.acceptance_rate, 4)
+                                       if stats.num_draft_tokens else None),
+                      mean_acceptance_length=(round(stats.mean_acceptance_length, 3)
+                                              if stats.num_drafts else None))
     return record
 
 
@@ -175,7 +194,7 @@ def measure_concurrency(llms: dict[str, LLM], prompts: list[list[int]], num_requ
 
 
 def print_table(results: dict[str, dict[str, dict]], kinds: list[str]) -> None:
-    print(f"{'system':16s}" + "".join(f"{kind:36s}" for kind in kinds), file=sys.stderr)
+    print(f"{'system':16s}" + "".join(f"{kind:36s}" for kind in kinds).rstrip(), file=sys.stderr)
     for name, by_kind in results.items():
         cells = []
         for kind in kinds:
@@ -185,8 +204,8 @@ def print_table(results: dict[str, dict[str, dict]], kinds: list[str]) -> None:
             cell += f" {speedup:5.2f}x" if speedup is not None else ""
             if "acceptance_rate" in record:
                 same = {True: "=", False: "!", None: "?"}[record.get("same_tokens_as_none")]
-                cell += (f" a{record['acceptance_rate']:.2f}"
-                         f" L{record['mean_acceptance_length']:.2f} {same}")
+                rate, length = record["acceptance_rate"], record["mean_acceptance_length"]
+                cell += f" a{rate or 0:.2f} L{length or 0:.2f} {same}"
             cells.append(f"{cell:36s}")
         print(f"{name:16s}" + "".join(cells).rstrip(), file=sys.stderr)
     print("speedup vs ours/none; a: acceptance rate, L: mean acceptance length, "
@@ -217,31 +236,16 @@ def main() -> None:
     kinds = _names(args.kinds, KINDS, "--kinds")
     methods = _names(args.methods, OUR_METHODS, "--methods")
     hf_modes = _names(args.hf_modes, HF_MODES, "--hf-modes")
-    if args.num_prompts < 1 or args.max_tokens < 1 or args.repeats < 1 or args.concurrency < 1:
+    if min(args.num_prompts, args.max_tokens, args.repeats, args.concurrency) < 1:
         raise SystemExit("--num-prompts, --max-tokens, --repeats and --concurrency must be >= 1")
+    if not kinds or not methods + hf_modes:
+        raise SystemExit("name at least one of --kinds and one of --methods / --hf-modes")
 
     folder, model_name = resolve_model_folder(None)
     draft_folder = None
     if "draft" in methods or "assistant" in hf_modes:
         draft_folder = build_truncated_draft(folder, args.draft_model_layers)
-    engine_options = {"dtype": "float32", "enable_prefix_caching": False}
-    llms = {method: LLM(speculative_method=method, **engine_options,
-                        **({"draft_model": str(draft_folder)} if method == "draft" else {}))
-            for method in methods}
-    systems = {f"ours/{method}": ours(llm, method != "none") for method, llm in llms.items()}
-    if hf_modes:
-        from transformers import AutoModelForCausalLM
-
-        hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-        hf_options = {"plain": {}, "pld": {"prompt_lookup_num_tokens": 10}}
-        if "assistant" in hf_modes:
-            hf_options["assistant"] = {"assistant_model": AutoModelForCausalLM.from_pretrained(
-                draft_folder, dtype=torch.float32).eval()}
-        systems.update({f"hf/{mode}": transformers_generate(hf_model, **hf_options[mode])
-                        for mode in hf_modes})
-
-    from transformers import AutoTokenizer
-
+    llms, systems = build_systems(methods, hf_modes, folder, draft_folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     workloads = {kind: load_workloads(kind, args.num_prompts) for kind in kinds}
     prompts = {kind: [encode(tokenizer, w) for w in items] for kind, items in workloads.items()}
@@ -251,8 +255,8 @@ def main() -> None:
 
     results: dict[str, dict[str, dict]] = {name: {} for name in systems}
     for kind in kinds:
-        for name, record in compare_kind(
-                measure_kind(systems, prompts[kind], args.max_tokens, args.repeats)).items():
+        runs = measure_kind(systems, prompts[kind], args.max_tokens, args.repeats)
+        for name, record in compare_kind(runs).items():
             results[name][kind] = record
         print(f"[{kind}] done", file=sys.stderr, flush=True)
 
@@ -260,7 +264,7 @@ def main() -> None:
     if not args.skip_concurrency:
         for method in ("none", "ngram"):
             if method not in llms:
-                llms[method] = LLM(speculative_method=method, **engine_options)
+                llms[method] = LLM(speculative_method=method, **ENGINE_OPTIONS)
         all_prompts = [ids for kind in kinds for ids in prompts[kind]]
         concurrency = measure_concurrency({m: llms[m] for m in ("none", "ngram")}, all_prompts,
                                           args.concurrency, args.max_tokens, args.repeats)
@@ -270,10 +274,10 @@ def main() -> None:
         "max_tokens": args.max_tokens, "repeats": args.repeats, "num_prompts": args.num_prompts,
         "draft_model": ({"folder": str(draft_folder), "num_layers": args.draft_model_layers}
                         if draft_folder else None),
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "platform": platform.platform()},
+        "machine": platform.platform(),  # a busy machine (1/5/15-min load) skews everything:
+        "load_average": [round(load, 2) for load in os.getloadavg()],
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": __import__("transformers").__version__},
+                     "transformers": transformers.__version__},
         "prompts": {kind: {w.id: len(ids) for w, ids in zip(workloads[kind], prompts[kind])}
                     for kind in kinds},
         "results": results,

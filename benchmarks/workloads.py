@@ -1,8 +1,8 @@
 """The prompt sets of the speculative-decoding benchmark, one per workload kind.
 
-  code  HumanEval problem prompts, raw completion (no chat template)      data/humaneval_subset.jsonl
-  copy  editing / retrieval tasks whose answer repeats much of the prompt  written here, chat
-  chat  MT-Bench first turns                                              data/mt_bench_subset.jsonl
+  code  HumanEval problem prompts, raw completion     data/humaneval_subset.jsonl
+  copy  editing / retrieval tasks whose answer repeats much of the prompt (written here), chat
+  chat  MT-Bench first turns, chat                    data/mt_bench_subset.jsonl
 
 Chat prompts go through the tokenizer's chat template; every system then gets the same token ids.
 """
@@ -89,7 +89,8 @@ def load_workloads(kind: str, num_prompts: int) -> list[Workload]:
         items = [Workload(f"code/{r['task_id'].replace('/', '-')}", "code", r["prompt"], False)
                  for r in records]
     elif kind == "copy":
-        items = [Workload(f"copy/{name}", "copy", text, True) for name, text in COPY_PROMPTS.items()]
+        items = [Workload(f"copy/{name}", "copy", text, True)
+                 for name, text in COPY_PROMPTS.items()]
     elif kind == "chat":
         records = _read_jsonl(DATA / "mt_bench_subset.jsonl")
         items = [Workload(f"chat/mtbench-{r['question_id']}", "chat", r["turns"][0], True)
