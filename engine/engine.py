@@ -25,6 +25,7 @@ from engine.request import Request, RequestStatus
 from engine.sampler import SamplerOutput, build_sampling_batch, compute_logprobs
 from engine.spec_decode.factory import build_speculation
 from engine.spec_decode.verifier import VerifySeq, verify
+from engine.stats import StepRecorder, request_stats
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 
@@ -75,6 +76,8 @@ class LLMEngine:
         if config.speculative.enabled:
             self.proposer, self.controller = build_speculation(config.speculative, self)
         self._states: dict[str, _RequestState] = {}
+        self._stat_listeners: list = []
+        self._recorder = StepRecorder(self.scheduler, self.block_manager)
         self._ids = itertools.count()
         logger.info("engine ready: model %s, %s on %s, %d KV blocks of %d tokens, speculation: %s",
                     self.model_name, str(self.dtype).removeprefix("torch."), self.device,
@@ -151,7 +154,20 @@ class LLMEngine:
         if state is None:
             return None
         self.scheduler.abort(state.request)
+        self._finished(state.request)
         return self._output(state, [], "", None)
+
+    def add_stat_listener(self, listener) -> None:
+        """`listener.on_step(StepStats)` after every step and `listener.on_request_finished(
+        RequestStats)` per finished request, both on the engine's thread."""
+        self._stat_listeners.append(listener)
+
+    def _finished(self, request: Request) -> None:
+        self._states.pop(request.request_id, None)
+        if self._stat_listeners:
+            summary = request_stats(request)
+            for listener in self._stat_listeners:
+                listener.on_request_finished(summary)
 
     def unfinished_request_ids(self) -> list[str]:
         return list(self._states)
@@ -162,6 +178,7 @@ class LLMEngine:
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         lookahead = self.controller.lookahead if self.controller is not None else None
+        self._recorder.start()
         plan = self.scheduler.schedule(lookahead)
         if plan.is_empty:
             return []
@@ -184,9 +201,19 @@ class LLMEngine:
             emitted[owner] = tokens
         num_before = [r.num_output_tokens for r in requests]
         self.scheduler.update_from_output(plan, emitted)
-        return [self._emit(request, before, row_start, logits)
-                for request, before, row_start
-                in zip(requests, num_before, model_input.logits_row_starts)]
+        now = time.monotonic()
+        latencies = [now - r.last_token_time for r in requests if r.last_token_time is not None]
+        new_prompt_tokens = sum(r.num_prompt_tokens for r in requests
+                                if r.first_token_time is None and r.num_output_tokens)
+        outputs = [self._emit(request, before, row_start, logits, now)
+                   for request, before, row_start
+                   in zip(requests, num_before, model_input.logits_row_starts)]
+        if self._stat_listeners:
+            step_stats = self._recorder.finish(
+                plan, new_prompt_tokens, sum(len(o.delta_token_ids) for o in outputs), latencies)
+            for listener in self._stat_listeners:
+                listener.on_step(step_stats)
+        return outputs
 
     def _propose(self, plan) -> dict[str, torch.Tensor]:
         """Asks the controller how many drafts each decoding request gets and the proposer for
@@ -230,9 +257,13 @@ class LLMEngine:
         return verify(logits, batch, seqs)
 
     def _emit(self, request: Request, num_before: int, row_start: int,
-              logits: torch.Tensor) -> RequestOutput:
+              logits: torch.Tensor, now: float) -> RequestOutput:
         state = self._states[request.request_id]
         new_ids = request.output_token_ids[num_before:]
+        if new_ids:
+            if request.first_token_time is None:
+                request.first_token_time = now
+            request.last_token_time = now
         delta_text = ""
         for count, token_id in enumerate(new_ids, start=1):
             delta_text += state.detokenizer.append([token_id])
@@ -253,7 +284,7 @@ class LLMEngine:
             delta_logprobs = [_token_logprob(t, i, out) for i, t in enumerate(new_ids)]
             state.logprobs.extend(delta_logprobs)
         if request.is_finished:
-            del self._states[request.request_id]
+            self._finished(request)
         return self._output(state, new_ids, delta_text, delta_logprobs)
 
     def _output(self, state: _RequestState, delta_ids, delta_text, delta_logprobs):

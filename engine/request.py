@@ -63,6 +63,7 @@ class Request:
 
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None
     finished_time: float | None = None
     stop_reason: str | int | None = None
 

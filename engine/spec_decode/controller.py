@@ -15,11 +15,13 @@ not speculating, so a request that was switched off probes again now and then.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from engine.request import Request
 from engine.spec_decode.stats import PRIOR_ACCEPTANCE
 
 COST_DECAY = 0.98  # per observation for the step-time fit
+MIN_DRAFT_GAIN = 0.02  # expected tokens below which a draft position is not even reserved
 
 
 class LinearCostModel:
@@ -78,8 +80,15 @@ class SpeculationController:
         self.draft_cost = draft_cost
 
     def lookahead(self, request: Request) -> int:
-        """KV slots the scheduler reserves for this request's drafts (an upper bound)."""
-        return self.max_k
+        """KV slots the scheduler reserves for this request's drafts: an upper bound on what
+        `plan` can give it, without reserving slots for drafts that would gain < 2% of a token."""
+        if not self.adaptive:
+            return self.max_k
+        estimate = request.acceptance.estimate(self.prior_acceptance)
+        if estimate >= 1.0:
+            return self.max_k
+        useful = math.floor(math.log(MIN_DRAFT_GAIN) / math.log(max(estimate, 1e-9)))
+        return max(1, min(self.max_k, useful))  # at least one slot, so the request can probe
 
     def plan(self, requests: Sequence[Request], max_ks: Sequence[int],
              num_other_tokens: int) -> list[int]:

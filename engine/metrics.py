@@ -1,0 +1,127 @@
+"""The one place where engine stats become Prometheus metrics.
+
+Names follow vLLM v1's schema (`<prefix>:<name>`, label `model_name`), so `--metrics-prefix vllm`
+makes specserve a drop-in for dashboards and benchmark tools built for vLLM. Counters are
+exposed with prometheus_client's `_total` suffix, histograms with `_bucket/_sum/_count`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from engine.stats import RequestStats, StepStats
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                   5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
+TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class PrometheusMetrics:
+    """A stat listener (see `LLMEngine.add_stat_listener`) that keeps Prometheus metrics."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry, prefix: str = "specserve",
+                 engine_state: Callable[[], tuple[int, int, float]] | None = None):
+        """`engine_state()` -> (running, waiting, kv_cache_usage), read at scrape time so the
+        gauges are current even when no step runs (after the last request, after an abort)."""
+        self.registry = registry
+        self.model_name = model_name
+        self.prefix = prefix
+        labels = ["model_name"]
+
+        def name(short: str) -> str:
+            return f"{prefix}:{short}"
+
+        def counter(short, doc, extra=()):
+            return Counter(name(short), doc, labels + list(extra), registry=registry)
+
+        def gauge(short, doc):
+            return Gauge(name(short), doc, labels, registry=registry)
+
+        def histogram(short, doc, buckets=LATENCY_BUCKETS):
+            return Histogram(name(short), doc, labels, buckets=buckets, registry=registry)
+
+        self.num_drafts = counter("spec_decode_num_drafts", "Verify steps that carried drafts")
+        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens proposed")
+        self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens",
+                                           "Draft tokens accepted (bonus tokens excluded)")
+        self.accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                        "Accepted draft tokens by draft position", ["position"])
+        self.num_emitted_tokens = counter("spec_decode_num_emitted_tokens",
+                                          "Tokens emitted by verify steps")
+        self.current_k = gauge("spec_decode_current_k",
+                               "Mean draft tokens per speculating request in the last step")
+        self.running = gauge("num_requests_running", "Requests in the running batch")
+        self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Share of KV blocks held (0..1)")
+        self.preemptions = counter("num_preemptions", "Requests preempted for recompute")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens computed")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated")
+        self.success = counter("request_success", "Finished requests", ["finished_reason"])
+        self.iteration_tokens = histogram("iteration_tokens_total", "Tokens per engine step",
+                                          TOKEN_BUCKETS)
+        self.step_time = histogram("engine_step_time_seconds", "Engine step duration")
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token")
+        self.itl = histogram("inter_token_latency_seconds", "Time between a request's outputs")
+        self.tpot = histogram("request_time_per_output_token_seconds",
+                              "Decode time per output token after the first")
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish")
+        self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled")
+        self.prefill_time = histogram("request_prefill_time_seconds", "Scheduled to first token")
+        self.decode_time = histogram("request_decode_time_seconds", "First token to finish")
+        self.prompt_len = histogram("request_prompt_tokens", "Prompt length", TOKEN_BUCKETS)
+        self.generation_len = histogram("request_generation_tokens", "Generated length",
+                                        TOKEN_BUCKETS)
+        if engine_state is not None:
+            for index, metric in enumerate((self.running, self.waiting, self.kv_usage)):
+                metric.labels(model_name).set_function(
+                    lambda index=index: engine_state()[index])
+        self._live_gauges = engine_state is not None
+        for reason in ("stop", "length", "abort"):  # exported at 0 before the first request
+            self.success.labels(model_name, reason)
+        for metric in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                       self.num_emitted_tokens, self.preemptions, self.prefix_queries,
+                       self.prefix_hits, self.prompt_tokens, self.generation_tokens):
+            metric.labels(model_name)
+
+    def on_step(self, stats: StepStats) -> None:
+        m = self.model_name
+        spec = stats.spec
+        self.num_drafts.labels(m).inc(spec.num_drafts)
+        self.num_draft_tokens.labels(m).inc(spec.num_draft_tokens)
+        self.num_accepted_tokens.labels(m).inc(spec.num_accepted_tokens)
+        self.num_emitted_tokens.labels(m).inc(spec.num_emitted_tokens)
+        for position, count in enumerate(spec.accepted_per_position):
+            if count:
+                self.accepted_per_pos.labels(m, str(position)).inc(count)
+        self.current_k.labels(m).set(stats.current_k)
+        if not self._live_gauges:
+            self.running.labels(m).set(stats.num_running)
+            self.waiting.labels(m).set(stats.num_waiting)
+            self.kv_usage.labels(m).set(stats.kv_cache_usage)
+        self.preemptions.labels(m).inc(stats.num_preemptions)
+        self.prefix_queries.labels(m).inc(stats.prefix_cache_queries)
+        self.prefix_hits.labels(m).inc(stats.prefix_cache_hits)
+        self.prompt_tokens.labels(m).inc(stats.num_prompt_tokens)
+        self.generation_tokens.labels(m).inc(stats.num_generated_tokens)
+        self.iteration_tokens.labels(m).observe(stats.num_batched_tokens)
+        self.step_time.labels(m).observe(stats.step_seconds)
+        for latency in stats.inter_token_latencies:
+            self.itl.labels(m).observe(latency)
+
+    def on_request_finished(self, stats: RequestStats) -> None:
+        m = self.model_name
+        self.success.labels(m, stats.finish_reason).inc()
+        self.e2e.labels(m).observe(stats.e2e_seconds)
+        self.prompt_len.labels(m).observe(stats.num_prompt_tokens)
+        self.generation_len.labels(m).observe(stats.num_generation_tokens)
+        for histogram, value in ((self.ttft, stats.time_to_first_token),
+                                 (self.queue_time, stats.queue_seconds),
+                                 (self.prefill_time, stats.prefill_seconds),
+                                 (self.decode_time, stats.decode_seconds),
+                                 (self.tpot, stats.time_per_output_token)):
+            if value is not None:
+                histogram.labels(m).observe(value)

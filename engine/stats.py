@@ -1,0 +1,119 @@
+"""What the engine observed, as plain data: one `StepStats` per step, one `RequestStats` per
+finished request. `engine/metrics.py` turns them into Prometheus metrics; the periodic log line
+reads them too. Nothing here knows about Prometheus."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+
+from engine.spec_decode.stats import SpecStats
+
+
+@dataclass
+class StepStats:
+    num_batched_tokens: int  # tokens fed to the target this step (drafts included)
+    step_seconds: float
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # 0..1
+    num_prompt_tokens: int  # prompts of the requests that got their first token this step
+    num_generated_tokens: int  # tokens emitted to requests this step
+    num_preemptions: int  # this step
+    prefix_cache_queries: int  # this step, in tokens
+    prefix_cache_hits: int
+    spec: SpecStats = field(default_factory=SpecStats)  # this step's verifications
+    num_speculating: int = 0  # requests that carried drafts this step
+    inter_token_latencies: list[float] = field(default_factory=list)  # seconds, per request emit
+
+    @property
+    def current_k(self) -> float:
+        """Mean draft tokens per speculating request this step."""
+        return self.spec.num_draft_tokens / self.num_speculating if self.num_speculating else 0.0
+
+
+@dataclass
+class RequestStats:
+    finish_reason: str  # "stop" | "length" | "abort"
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    queue_seconds: float | None  # arrival -> first scheduled
+    prefill_seconds: float | None  # first scheduled -> first token
+    decode_seconds: float | None  # first token -> finished
+    e2e_seconds: float
+    time_to_first_token: float | None
+    spec: SpecStats
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        if self.decode_seconds is None or self.num_generation_tokens < 2:
+            return None
+        return self.decode_seconds / (self.num_generation_tokens - 1)
+
+
+def request_stats(request) -> RequestStats:
+    """Summarises a finished request from its timestamps (time.monotonic seconds)."""
+
+    def span(start, end):
+        return None if start is None or end is None else max(end - start, 0.0)
+
+    return RequestStats(
+        finish_reason=request.status.value,
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_generation_tokens=request.num_output_tokens,
+        queue_seconds=span(request.arrival_time, request.first_scheduled_time),
+        prefill_seconds=span(request.first_scheduled_time, request.first_token_time),
+        decode_seconds=span(request.first_token_time, request.finished_time),
+        e2e_seconds=span(request.arrival_time, request.finished_time) or 0.0,
+        time_to_first_token=span(request.arrival_time, request.first_token_time),
+        spec=request.spec_stats,
+    )
+
+
+class StepRecorder:
+    """Snapshots the engine's running counters when a step starts and reports the differences
+    when it ends, so the scheduler and block manager keep plain cumulative counters."""
+
+    def __init__(self, scheduler, block_manager):
+        self.scheduler = scheduler
+        self.block_manager = block_manager
+
+    def start(self) -> None:
+        """Before scheduling: admissions and preemptions happen inside `schedule()`."""
+        self._started = time.perf_counter()
+        self._preemptions = self.scheduler.num_preemptions
+        prefix = self.block_manager.prefix_stats
+        self._prefix = (prefix.queries, prefix.hits)
+        self._spec = copy.deepcopy(self.scheduler.spec_stats)
+
+    def finish(self, plan, num_prompt_tokens: int, num_generated_tokens: int,
+               inter_token_latencies: list[float]) -> StepStats:
+        prefix = self.block_manager.prefix_stats
+        spec = self.scheduler.spec_stats
+        before = self._spec
+        step_spec = SpecStats(
+            num_drafts=spec.num_drafts - before.num_drafts,
+            num_draft_tokens=spec.num_draft_tokens - before.num_draft_tokens,
+            num_accepted_tokens=spec.num_accepted_tokens - before.num_accepted_tokens,
+            num_emitted_tokens=spec.num_emitted_tokens - before.num_emitted_tokens,
+            accepted_per_position=[
+                count - (before.accepted_per_position[i]
+                         if i < len(before.accepted_per_position) else 0)
+                for i, count in enumerate(spec.accepted_per_position)],
+        )
+        return StepStats(
+            num_batched_tokens=plan.num_batched_tokens,
+            step_seconds=time.perf_counter() - self._started,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.block_manager.usage,
+            num_prompt_tokens=num_prompt_tokens,
+            num_generated_tokens=num_generated_tokens,
+            num_preemptions=self.scheduler.num_preemptions - self._preemptions,
+            prefix_cache_queries=prefix.queries - self._prefix[0],
+            prefix_cache_hits=prefix.hits - self._prefix[1],
+            spec=step_spec,
+            num_speculating=step_spec.num_drafts,
+            inter_token_latencies=inter_token_latencies,
+        )
