@@ -1,44 +1,53 @@
-"""The HTTP application: FastAPI routes in front of one AsyncEngine."""
+"""The HTTP application: OpenAI-compatible routes in front of one AsyncEngine.
+
+The model loads in a worker thread while the app starts; the engine's steps run in its own thread,
+so the event loop only parses, streams and answers `/health` and `/metrics` at any load.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 
 from engine import AsyncEngine, EngineConfig
+from server import chat, completions, metrics
+from server.context import (
+    Admission, ServerContext, ServerSettings, get_context, require_api_key,
+)
+from server.errors import APIError, install_error_handlers
+from server.protocol import ModelCard, ModelList
 
 VERSION = "0.1.0"
 
-
-@dataclass(frozen=True)
-class ServerSettings:
-    served_model_name: str | None = None
-    api_key: str | None = None
+__all__ = ["VERSION", "ServerSettings", "build_app"]
 
 
 def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSettings()) -> FastAPI:
-    """The engine loads when the app starts (so `/health` answers 503 until then)."""
-    state: dict = {}
+    """`/health` answers 503 until the engine has loaded, 200 after."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        import asyncio
-
         engine = await asyncio.to_thread(AsyncEngine.from_config, engine_config)
-        state["engine"] = engine
-        state["model_name"] = settings.served_model_name or engine.engine.model_name
+        context = ServerContext(engine, settings.served_model_name or engine.engine.model_name,
+                                settings, Admission(settings.max_queue))
+        app.state.registry = metrics.build_registry(context)
+        app.state.context = context
         yield
         engine.shutdown()
 
     app = FastAPI(title="specserve", version=VERSION, lifespan=lifespan)
+    app.state.context = None
+    install_error_handlers(app)
+    app.include_router(completions.router)
+    app.include_router(chat.router)
 
     @app.get("/health")
-    async def health():
-        engine = state.get("engine")
-        if engine is None or not engine.is_running:
+    async def health(request: Request):
+        context = request.app.state.context
+        if context is None or not context.engine.is_running:
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return {"status": "ok"}
 
@@ -46,4 +55,26 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
     async def version():
         return {"version": VERSION}
 
+    @app.get("/metrics")
+    async def prometheus_metrics(request: Request):
+        get_context(request)
+        return Response(metrics.render(request.app.state.registry),
+                        media_type=metrics.CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=[Depends(require_api_key)])
+    async def list_models(context: ServerContext = Depends(get_context)):
+        return ModelList(data=[_model_card(context)])
+
+    @app.get("/v1/models/{model_id:path}", dependencies=[Depends(require_api_key)])
+    async def retrieve_model(model_id: str, context: ServerContext = Depends(get_context)):
+        if model_id != context.model_name:
+            raise APIError(404, f"The model `{model_id}` does not exist.", param="model",
+                           code="model_not_found")
+        return _model_card(context)
+
     return app
+
+
+def _model_card(context: ServerContext) -> ModelCard:
+    return ModelCard(id=context.model_name, created=context.created,
+                     max_model_len=context.max_model_len)

@@ -1,4 +1,4 @@
-"""`specserve serve ...`: the command line."""
+"""specserve: an OpenAI-compatible LLM server with lossless speculative decoding."""
 
 from __future__ import annotations
 
@@ -6,13 +6,17 @@ import argparse
 import logging
 import os
 
-from engine.config import EngineConfig
+from engine.config import SPECULATIVE_METHODS, EngineConfig
+from server.context import DEFAULT_MAX_QUEUE
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    serve = commands.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
+                    "/v1/chat/completions, /v1/models, /health, /version, /metrics).")
     add_serve_arguments(serve)
     return parser
 
@@ -26,6 +30,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight dtype (auto: float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if present)")
+    p.add_argument("--speculative-method", default="ngram", choices=SPECULATIVE_METHODS,
+                   help="how draft tokens are proposed: none, ngram (prompt lookup), draft (a "
+                        "smaller model, --draft-model) or layer-skip (the target's first layers)"
+                        " (default: %(default)s)")
+    p.add_argument("--num-speculative-tokens", type=int, default=5,
+                   help="most draft tokens per step; fewer when speculation does not pay "
+                        "(default: %(default)s)")
+    p.add_argument("--draft-model", default=None,
+                   help="draft model for --speculative-method draft (HF folder or .gguf)")
+    p.add_argument("--draft-layers", type=int, default=None,
+                   help="layers the layer-skip draft runs (default: chosen by calibration)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length limit")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
@@ -36,6 +51,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="exact number of KV blocks (overrides --kv-cache-memory)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                   help="requests waiting for their first token beyond which new ones get 503 "
+                        "with Retry-After (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("SPECSERVE_API_KEY"),
                    help="require this bearer token (env SPECSERVE_API_KEY)")
     p.add_argument("--log-level", default="info",
@@ -48,6 +66,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory_gib=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
         block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching,
+        speculative_method=args.speculative_method,
+        num_speculative_tokens=args.num_speculative_tokens, draft_model=args.draft_model,
+        draft_layers=args.draft_layers,
     )
 
 
@@ -61,13 +82,16 @@ def main(argv: list[str] | None = None) -> None:
         from engine.models.loader import resolve_model_folder
 
         resolve_model_folder(config.model.model)
+        if args.max_queue < 1:
+            raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
     except ValueError as error:
         raise SystemExit(f"specserve: error: {error}") from None
     import uvicorn
 
     from server.app import ServerSettings, build_app
 
-    settings = ServerSettings(served_model_name=args.served_model_name, api_key=args.api_key)
+    settings = ServerSettings(served_model_name=args.served_model_name, api_key=args.api_key or None,
+                              max_queue=args.max_queue)
     uvicorn.run(build_app(config, settings), host=args.host, port=args.port,
                 log_level=args.log_level)
 
