@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine import AsyncEngine, EngineConfig
+from engine.stat_logger import PeriodicStatLogger
 from server import chat, completions, metrics
 from server.context import (
     Admission, ServerContext, ServerSettings, get_context, require_api_key,
@@ -28,18 +29,22 @@ __all__ = ["VERSION", "ServerSettings", "build_app"]
 def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSettings()) -> FastAPI:
     """`/health` answers 503 until the engine has loaded, 200 after."""
 
+    server_metrics = metrics.ServerMetrics(settings.metrics_prefix)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine = await asyncio.to_thread(AsyncEngine.from_config, engine_config)
         context = ServerContext(engine, settings.served_model_name or engine.engine.model_name,
                                 settings, Admission(settings.max_queue))
-        app.state.registry = metrics.build_registry(context)
+        server_metrics.attach_engine(context)
+        engine.engine.add_stat_listener(PeriodicStatLogger())
         app.state.context = context
         yield
         engine.shutdown()
 
     app = FastAPI(title="specserve", version=VERSION, lifespan=lifespan)
     app.state.context = None
+    app.add_middleware(metrics.HTTPMetricsMiddleware, counter=server_metrics.http_requests)
     install_error_handlers(app)
     app.include_router(completions.router)
     app.include_router(chat.router)
@@ -56,10 +61,8 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
         return {"version": VERSION}
 
     @app.get("/metrics")
-    async def prometheus_metrics(request: Request):
-        get_context(request)
-        return Response(metrics.render(request.app.state.registry),
-                        media_type=metrics.CONTENT_TYPE_LATEST)
+    async def prometheus_metrics():
+        return Response(server_metrics.render(), media_type=metrics.CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models", dependencies=[Depends(require_api_key)])
     async def list_models(context: ServerContext = Depends(get_context)):

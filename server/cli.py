@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 
 from engine.config import SPECULATIVE_METHODS, EngineConfig
 from server.context import DEFAULT_MAX_QUEUE
@@ -25,7 +26,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--model", default=None,
-                   help="Hugging Face folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+                   help="Hugging Face folder or .gguf file "
+                        "(default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--served-model-name", default=None, help="model name clients must send")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight dtype (auto: float32 on CPU, bfloat16 on CUDA)")
@@ -54,6 +56,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help="requests waiting for their first token beyond which new ones get 503 "
                         "with Retry-After (default: %(default)s)")
+    p.add_argument("--metrics-prefix", default="specserve",
+                   help="name prefix of the /metrics series; 'vllm' makes dashboards and tools "
+                        "built for vLLM work unchanged (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("SPECSERVE_API_KEY"),
                    help="require this bearer token (env SPECSERVE_API_KEY)")
     p.add_argument("--log-level", default="info",
@@ -78,20 +83,24 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = engine_config_from_args(args)
+        if args.max_queue < 1:
+            raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", args.metrics_prefix):
+            raise ValueError(f"--metrics-prefix must be letters, digits and underscores, got "
+                             f"{args.metrics_prefix!r}")
         # Fail before the server starts, with one line, when the model cannot be found.
         from engine.models.loader import resolve_model_folder
 
         resolve_model_folder(config.model.model)
-        if args.max_queue < 1:
-            raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
     except ValueError as error:
         raise SystemExit(f"specserve: error: {error}") from None
     import uvicorn
 
     from server.app import ServerSettings, build_app
 
-    settings = ServerSettings(served_model_name=args.served_model_name, api_key=args.api_key or None,
-                              max_queue=args.max_queue)
+    settings = ServerSettings(served_model_name=args.served_model_name,
+                              api_key=args.api_key or None, max_queue=args.max_queue,
+                              metrics_prefix=args.metrics_prefix)
     uvicorn.run(build_app(config, settings), host=args.host, port=args.port,
                 log_level=args.log_level)
 

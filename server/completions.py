@@ -1,0 +1,129 @@
+"""`POST /v1/completions`: text in, text out (OpenAI's legacy completions API)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncGenerator
+
+from fastapi import APIRouter, Depends, Request
+
+from server.context import ServerContext, get_context, require_api_key
+from server.errors import parse_body
+from server.generation import (
+    Choice, ClientDisconnected, FanOut, Prompt, build_usage, check_stream_options, client_gone,
+    finish_reason, plan_choices, run_unless_disconnected, sampling_params,
+)
+from server.logprobs import CompletionLogprobsBuilder, TokenTexts, merge_completion_logprobs
+from server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
+from server.streaming import DONE, EventStreamResponse, error_event, event
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+@router.post("/v1/completions")
+async def create_completion(request: Request, context: ServerContext = Depends(get_context)):
+    body = await parse_body(request, CompletionRequest)
+    context.check_model(body.model)
+    check_stream_options(body)
+    tokenizer = context.engine.tokenizer
+    prompts = await asyncio.to_thread(_tokenize, tokenizer, body.prompt)
+    requested = body.max_completion_tokens if body.max_completion_tokens is not None \
+        else body.max_tokens
+    params = [sampling_params(context, body, prompt, requested, body.logprobs)
+              for prompt in prompts]
+    choices = plan_choices(context, prompts, params, body.n)
+    response = _Response(context, body, prompts, choices)
+    fanout = FanOut(context, response.id, choices)
+    if body.stream:
+        return EventStreamResponse(response.events(fanout), on_close=fanout.aclose)
+    try:
+        finals = await run_unless_disconnected(request, fanout.finals())
+    except ClientDisconnected:
+        return client_gone().response()
+    finally:
+        await fanout.aclose()
+    return response.complete(finals)
+
+
+def _tokenize(tokenizer, prompt) -> list[Prompt]:
+    """OpenAI's four prompt forms: a string, strings, token ids, lists of token ids."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif isinstance(prompt[0], int):
+        prompt = [prompt]
+    return [Prompt(tokenizer(p)["input_ids"], p) if isinstance(p, str) else Prompt(list(p))
+            for p in prompt]
+
+
+class _Response:
+    """Builds one completion response, whole or as a stream of chunks."""
+
+    def __init__(self, context: ServerContext, body: CompletionRequest, prompts: list[Prompt],
+                 choices: list[Choice]):
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.context = context
+        self.body = body
+        self.prompts = prompts
+        self.choices = choices
+        self.texts = TokenTexts(context.engine.tokenizer)
+
+    def _chunk(self, choices: list[CompletionChoice], usage=None) -> CompletionResponse:
+        return CompletionResponse(id=self.id, created=self.created, model=self.context.model_name,
+                                  choices=choices, usage=usage)
+
+    def complete(self, finals: dict) -> CompletionResponse:
+        body, tokenizer = self.body, self.context.engine.tokenizer
+        out = []
+        for choice in self.choices:
+            final = finals[choice.index]
+            text, logprobs = final.text, None
+            if body.echo:
+                text = choice.prompt.echo_text(tokenizer) + text
+            if body.logprobs is not None:
+                builder = CompletionLogprobsBuilder(self.texts)
+                parts = [builder.prompt(choice.prompt.token_ids)] if body.echo else []
+                parts.append(builder.generated(final.logprobs or []))
+                logprobs = merge_completion_logprobs(parts)
+            out.append(CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
+                                        finish_reason=finish_reason(final)))
+        usage = build_usage(self.prompts, [finals[c.index] for c in self.choices])
+        return self._chunk(out, usage)
+
+    async def events(self, fanout: FanOut) -> AsyncGenerator[str, None]:
+        body, tokenizer = self.body, self.context.engine.tokenizer
+        with_usage = body.include_usage
+        by_index = {choice.index: choice for choice in self.choices}
+        builders = {index: CompletionLogprobsBuilder(self.texts) for index in by_index}
+        started, finals = set(), {}
+        try:
+            async for index, output in fanout:
+                choice, builder = by_index[index], builders[index]
+                text, parts = output.delta_text, []
+                if index not in started:
+                    started.add(index)
+                    if body.echo:
+                        text = choice.prompt.echo_text(tokenizer) + text
+                        parts.append(builder.prompt(choice.prompt.token_ids))
+                logprobs = None
+                if body.logprobs is not None:
+                    parts.append(builder.generated(output.delta_logprobs or []))
+                    logprobs = merge_completion_logprobs(parts)
+                if text or (logprobs is not None and logprobs.tokens):
+                    yield event(self._chunk([CompletionChoice(index=index, text=text,
+                                                              logprobs=logprobs)]), with_usage)
+                if output.finished:
+                    finals[index] = output
+                    yield event(self._chunk([CompletionChoice(
+                        index=index, text="", finish_reason=finish_reason(output))]), with_usage)
+            if with_usage:
+                usage = build_usage(self.prompts, [finals[c.index] for c in self.choices])
+                yield event(self._chunk([], usage))
+            yield DONE
+        except Exception as error:
+            yield error_event(error)
+            yield DONE
+        finally:
+            await fanout.aclose()

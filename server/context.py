@@ -1,0 +1,91 @@
+"""What every route needs: the engine, the served model's name, the settings, the admission queue
+and the API-key check."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from engine import AsyncEngine
+from server.errors import SERVER_ERROR, APIError
+
+DEFAULT_MAX_QUEUE = 256
+RETRY_AFTER_SECONDS = 1
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_queue: int = DEFAULT_MAX_QUEUE  # engine requests waiting for their first token
+    metrics_prefix: str = "specserve"  # "vllm": dashboards built for vLLM work unchanged
+
+
+class Admission:
+    """Counts engine requests that were accepted but have not produced a token yet (waiting for a
+    slot, or prefilling). At `max_queue` of them, new HTTP requests are refused with 503.
+
+    Touched only on the event loop, so a plain counter is exact.
+    """
+
+    def __init__(self, max_queue: int):
+        self.max_queue = max_queue
+        self.num_waiting = 0
+
+    def admit(self, num_requests: int) -> None:
+        if self.num_waiting >= self.max_queue:
+            raise APIError(503, f"the server is busy: {self.num_waiting} requests are already "
+                           "waiting; retry shortly", SERVER_ERROR, code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        self.num_waiting += num_requests
+
+    def release(self) -> None:
+        self.num_waiting -= 1
+
+
+@dataclass
+class ServerContext:
+    engine: AsyncEngine
+    model_name: str
+    settings: ServerSettings
+    admission: Admission
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.engine.limits.max_model_len
+
+    @property
+    def max_sequence_tokens(self) -> int:
+        """Prompt plus output tokens one request can hold: the context and the KV cache bound it."""
+        limits = self.engine.engine.limits
+        return min(limits.max_model_len, limits.num_kv_blocks * limits.block_size)
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist. This server serves "
+                           f"`{self.model_name}`.", param="model", code="model_not_found")
+
+
+def get_context(request: Request) -> ServerContext:
+    context = getattr(request.app.state, "context", None)
+    if context is None:
+        raise APIError(503, "the model is still loading", SERVER_ERROR,
+                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    return context
+
+
+def require_api_key(request: Request) -> None:
+    """FastAPI dependency of the /v1 routes: `Authorization: Bearer <key>` when a key is set."""
+    expected = get_context(request).settings.api_key
+    if not expected:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise APIError(401, "You didn't provide an API key. Send it as `Authorization: Bearer "
+                       "<key>`.", code="invalid_api_key")
+    if not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")

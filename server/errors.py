@@ -1,0 +1,119 @@
+"""Every error leaves the server in OpenAI's envelope:
+`{"error": {"message", "type", "param", "code"}}`, with the status OpenAI would use.
+
+Bad input is 400 (never FastAPI's 422 shape), an unknown model 404, a missing or wrong API key 401,
+a full queue 503 with `Retry-After`. A `ValueError` from the engine is the client's fault by the
+engine's contract, so it is a 400 too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+
+from engine.async_engine import EngineDeadError
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+
+class APIError(Exception):
+    def __init__(self, status_code: int, message: str, type: str = INVALID_REQUEST,
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def from_value_error(error: ValueError) -> APIError:
+    """The engine's range checks start with the offending parameter's name ("top_p must be in
+    (0, 1], got 0"); its other messages are about the request as a whole."""
+    message = str(error)
+    first_word = message.split(" ", 1)[0]
+    param = first_word if first_word in SamplingParams.__dataclass_fields__ else None
+    return bad_request(message, param)
+
+
+def from_validation_errors(errors: list[dict]) -> APIError:
+    """One pydantic error, named by its field path (`messages.0.role`). For a union, a branch's
+    specific complaint ("at most 4 items") beats the other branches' "not a string"."""
+    specific = [e for e in errors if not e.get("type", "").endswith("_type")] or errors
+    first = specific[0]
+    # Union branches appear in the path as type names (`str`, `list[int]`): drop them.
+    location = [str(part) for part in first.get("loc", ())
+                if isinstance(part, int) or (part.isidentifier() and part not in _TYPE_NAMES)]
+    param = ".".join(location) or None
+    message = first.get("msg", "invalid value")
+    return bad_request(f"{param}: {message}" if param else message, param)
+
+
+_TYPE_NAMES = {"body", "str", "int", "float", "bool"}
+
+
+async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
+    """The JSON body validated as `model`; anything else is a 400 in OpenAI's envelope."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise bad_request(f"the request body is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise from_validation_errors(error.errors()) from None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_request, error: APIError):
+        return error.response()
+
+    @app.exception_handler(ValueError)
+    async def value_error(_request, error: ValueError):
+        return from_value_error(error).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request, error: RequestValidationError):
+        return from_validation_errors(list(error.errors())).response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException):
+        message = error.detail if error.status_code != 404 else \
+            f"Invalid URL ({request.method} {request.url.path})"
+        return APIError(error.status_code, str(message), headers=error.headers).response()
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_request, error: EngineDeadError):
+        return APIError(503, str(error), SERVER_ERROR).response()
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request, error: Exception):
+        logger.exception("request failed")
+        return APIError(500, f"internal error: {error}", SERVER_ERROR).response()

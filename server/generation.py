@@ -1,0 +1,228 @@
+"""From a parsed request to engine requests and back, shared by the completions and chat routes:
+sampling parameters, the fan-out of choices into engine requests, the client-disconnect watch and
+usage.
+
+Choice `index` is `prompt_index * n + j`, as OpenAI numbers them; each choice is one engine request
+(`<response id>-<index>`), so the n choices of a prompt run side by side in the batch and share the
+prompt's cached KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from fastapi import Request
+
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.spec_decode.stats import SpecStats
+from server.context import ServerContext
+from server.errors import APIError, bad_request
+from server.protocol import SamplingFields, SpeculativeUsage, Usage
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    token_ids: list[int]
+    text: str | None = None  # None when the prompt came as token ids
+
+    def echo_text(self, tokenizer) -> str:
+        if self.text is not None:
+            return self.text
+        return tokenizer.decode(self.token_ids, skip_special_tokens=False,
+                                clean_up_tokenization_spaces=False)
+
+
+@dataclass(frozen=True)
+class Choice:
+    index: int
+    prompt: Prompt
+    params: SamplingParams
+
+
+def sampling_params(context: ServerContext, body: SamplingFields, prompt: Prompt,
+                    requested_max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """`requested_max_tokens` None fills the rest of the context. Raises APIError or ValueError
+    (the engine's range checks) for bad values."""
+    if requested_max_tokens is None:
+        requested_max_tokens = context.max_sequence_tokens - len(prompt.token_ids)
+        if requested_max_tokens < 1:
+            raise bad_request(f"this model's maximum context length is {context.max_model_len} "
+                              f"tokens, but the prompt has {len(prompt.token_ids)} tokens, which "
+                              "leaves no room for output")
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop or ()
+    return SamplingParams(
+        max_tokens=requested_max_tokens, temperature=body.temperature, top_p=body.top_p,
+        top_k=body.top_k, min_p=body.min_p, presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
+        logit_bias=_logit_bias(body.logit_bias, context.engine.engine.vocab_size),
+        seed=body.seed, stop=tuple(stop), ignore_eos=body.ignore_eos, logprobs=logprobs,
+    )
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    if not bias:
+        return None
+    parsed = {}
+    for key, value in bias.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias keys must be token ids, got {key!r}",
+                              "logit_bias") from None
+        if not 0 <= token_id < vocab_size:
+            raise bad_request(f"logit_bias token id {token_id} is outside the vocabulary "
+                              f"[0, {vocab_size})", "logit_bias")
+        parsed[token_id] = value
+    return parsed
+
+
+def check_stream_options(body: SamplingFields) -> None:
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+
+
+def plan_choices(context: ServerContext, prompts: list[Prompt],
+                 params: list[SamplingParams], n: int) -> list[Choice]:
+    """Validates every prompt against the engine's limits (a ValueError naming the numbers) and
+    lays out the choices. A seed moves by the choice's position so the n choices differ yet
+    stay reproducible."""
+    choices = []
+    for prompt_index, (prompt, prompt_params) in enumerate(zip(prompts, params)):
+        context.engine.engine.make_request(prompt.token_ids, prompt_params)  # validation only
+        for j in range(n):
+            choice_params = prompt_params
+            if prompt_params.seed is not None and j:
+                choice_params = replace(prompt_params, seed=prompt_params.seed + j)
+            choices.append(Choice(prompt_index * n + j, prompt, choice_params))
+    return choices
+
+
+class FanOut:
+    """Runs one engine request per choice and merges their outputs in arrival order.
+
+    Starts at construction (after admission); `aclose()` aborts whatever is still running, so
+    every path out of a route, a client disconnect included, must reach it.
+    """
+
+    _END = object()
+
+    def __init__(self, context: ServerContext, response_id: str, choices: list[Choice]):
+        context.admission.admit(len(choices))
+        self._context = context
+        self._outputs: asyncio.Queue = asyncio.Queue()
+        # With prefix caching, a prompt's other choices start once its first choice has a token:
+        # its prompt blocks are cached by then, so the prompt is prefilled once, not n times.
+        share = context.engine.engine.config.cache.enable_prefix_caching
+        prefilled: dict[int, asyncio.Event] = {}
+        self._tasks = []
+        for choice in choices:
+            key = id(choice.prompt)
+            after = prefilled.get(key) if share else None
+            done = None
+            if after is None:
+                done = prefilled[key] = asyncio.Event()
+            self._tasks.append(asyncio.create_task(
+                self._pump(f"{response_id}-{choice.index}", choice, after, done)))
+
+    async def _pump(self, request_id: str, choice: Choice, after: asyncio.Event | None,
+                    done: asyncio.Event | None) -> None:
+        waiting = True
+        try:
+            if after is not None:
+                await after.wait()
+            async for output in self._context.engine.generate(choice.prompt.token_ids,
+                                                              choice.params, request_id):
+                if waiting:
+                    waiting = False
+                    self._context.admission.release()
+                    if done is not None:
+                        done.set()
+                self._outputs.put_nowait((choice.index, output))
+        except Exception as error:
+            self._outputs.put_nowait((choice.index, error))
+        finally:
+            if waiting:
+                self._context.admission.release()
+            if done is not None:
+                done.set()
+            self._outputs.put_nowait((choice.index, self._END))
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        remaining = len(self._tasks)
+        while remaining:
+            index, item = await self._outputs.get()
+            if item is self._END:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+
+    async def finals(self) -> dict[int, RequestOutput]:
+        """Runs every choice to the end; its last output by choice index."""
+        last = {}
+        async for index, output in self:
+            last[index] = output
+        return last
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+async def run_unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Awaits `work` while watching the connection; a client that goes away cancels it (raising
+    ClientDisconnected) instead of letting it run to the end for nobody."""
+    work_task = asyncio.ensure_future(work)
+    watch_task = asyncio.create_task(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch_task.cancel()
+        if not work_task.done():
+            work_task.cancel()
+    if work_task.cancelled():
+        raise ClientDisconnected()
+    return work_task.result()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    # The body has been read, so the next message the server sends is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def client_gone() -> APIError:
+    """What a route returns to a client that is no longer there (nobody reads it)."""
+    return APIError(499, "client disconnected")
+
+
+def build_usage(prompts: list[Prompt], finals: list[RequestOutput]) -> Usage:
+    stats = SpecStats()
+    for final in finals:
+        stats.merge(final.spec_stats)
+    prompt_tokens = sum(len(p.token_ids) for p in prompts)
+    completion_tokens = sum(len(final.token_ids) for final in finals)
+    return Usage(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        speculative=SpeculativeUsage(
+            num_drafts=stats.num_drafts, draft_tokens=stats.num_draft_tokens,
+            accepted_tokens=stats.num_accepted_tokens,
+            mean_acceptance_length=round(stats.mean_acceptance_length, 4)),
+    )
+
+
+def finish_reason(output: RequestOutput) -> str | None:
+    return output.finish_reason if output.finish_reason in ("stop", "length") else None

@@ -1,0 +1,94 @@
+"""`GET /metrics`: one registry per app holding the engine's Prometheus metrics
+(`engine/metrics.py`), the HTTP layer's request counter and what only the server knows (its
+admission queue, the KV pool's size), all named `<prefix>:<name>` like vLLM's.
+
+The engine's counters and histograms are fed on the engine thread by its stat listener; gauges are
+read at scrape time. Each scrape read (a queue's length, a free-block count) is one atomic operation
+under the GIL, so a scrape never waits for an engine step.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from engine.metrics import PrometheusMetrics
+from server.context import ServerContext
+
+__all__ = ["CONTENT_TYPE_LATEST", "HTTPMetricsMiddleware", "ServerMetrics"]
+
+
+class ServerMetrics:
+    """Exists from app creation (the HTTP counter); the engine's metrics join once it loads."""
+
+    def __init__(self, prefix: str = "specserve"):
+        self.prefix = prefix
+        self.registry = CollectorRegistry()
+        # No model_name label: the HTTP layer is shared by whatever the server serves.
+        self.http_requests = Counter(f"{prefix}:http_requests", "HTTP requests by route "
+                                     "template and status", ["route", "status"],
+                                     registry=self.registry)
+
+    def attach_engine(self, context: ServerContext) -> None:
+        """Registers the engine's metrics as its stat listener: call once, before serving."""
+        engine = context.engine.engine
+        engine_metrics = PrometheusMetrics(
+            context.model_name, self.registry, self.prefix,
+            engine_state=lambda: (len(engine.scheduler.running), len(engine.scheduler.waiting),
+                                  engine.block_manager.usage))
+        engine.add_stat_listener(engine_metrics)
+        self.registry.register(_ServerCollector(context, self.prefix))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _ServerCollector(Collector):
+    def __init__(self, context: ServerContext, prefix: str):
+        self.context = context
+        self.prefix = prefix
+
+    def collect(self):
+        blocks = self.context.engine.engine.block_manager
+        gauges = [
+            ("num_requests_queued", "Accepted requests without a first token yet (503 past "
+             "--max-queue)", self.context.admission.num_waiting),
+            ("kv_cache_free_blocks", "KV blocks free or holding evictable cached prefixes",
+             blocks.num_free_blocks),
+            ("kv_cache_num_blocks", "KV blocks in the cache", blocks.num_blocks),
+        ]
+        for name, documentation, value in gauges:
+            gauge = GaugeMetricFamily(f"{self.prefix}:{name}", documentation,
+                                      labels=["model_name"])
+            gauge.add_metric([self.context.model_name], value)
+            yield gauge
+
+
+class HTTPMetricsMiddleware:
+    """Counts every HTTP request by its route template (`/v1/models/{model_id:path}`, not the
+    raw path, so the label set stays small) and response status. A plain ASGI middleware:
+    it passes `receive` through untouched, so disconnect detection keeps working."""
+
+    def __init__(self, app: ASGIApp, counter: Counter):
+        self.app = app
+        self.counter = counter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500  # what the client sees when the app fails before responding
+
+        async def record_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record_status)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.counter.labels(route, str(status)).inc()

@@ -1,0 +1,61 @@
+"""Server-sent events as OpenAI streams them: `data: {json}\\n\\n` per chunk, `data: [DONE]\\n\\n`
+last. An error after the stream started (the status line is gone) is sent as an event carrying
+OpenAI's error envelope, followed by `[DONE]`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
+
+from pydantic import BaseModel
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from engine.async_engine import EngineDeadError
+from server.errors import SERVER_ERROR, APIError, from_value_error
+
+logger = logging.getLogger(__name__)
+
+DONE = "data: [DONE]\n\n"
+
+
+def event(chunk: BaseModel, with_usage: bool = True) -> str:
+    """One chunk; without `with_usage` the `usage` field is left out entirely (OpenAI sends it,
+    null until the last chunk, only when the client asked for usage)."""
+    payload = chunk.model_dump_json(exclude=None if with_usage else {"usage"})
+    return f"data: {payload}\n\n"
+
+
+def error_event(error: Exception) -> str:
+    if isinstance(error, APIError):
+        api_error = error
+    elif isinstance(error, ValueError):
+        api_error = from_value_error(error)
+    else:
+        if not isinstance(error, EngineDeadError):
+            logger.exception("stream failed", exc_info=error)
+        api_error = APIError(500, str(error), SERVER_ERROR)
+    return f"data: {json.dumps(api_error.body())}\n\n"
+
+
+class EventStreamResponse(StreamingResponse):
+    """A streaming response that always closes its event generator and calls `on_close`, so a
+    client that disconnects between chunks aborts its engine requests at once, not whenever the
+    abandoned generator is garbage-collected."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncGenerator[str, None],
+                 on_close: Callable[[], Awaitable[None]]):
+        super().__init__(events, headers={"Cache-Control": "no-cache",
+                                          "X-Accel-Buffering": "no"})
+        self._events = events
+        self._on_close = on_close  # also runs when the generator never started
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._events.aclose()
+            await self._on_close()

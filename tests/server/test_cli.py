@@ -1,0 +1,55 @@
+"""The command line: every flag documented, mapped onto the engine and server settings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from server.cli import build_parser, engine_config_from_args
+
+FLAGS = ["--host", "--port", "--model", "--served-model-name", "--dtype", "--speculative-method",
+         "--num-speculative-tokens", "--draft-model", "--draft-layers", "--max-model-len",
+         "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-memory", "--num-kv-blocks",
+         "--max-queue", "--metrics-prefix", "--api-key", "--log-level"]
+
+
+def test_help_documents_every_flag():
+    result = subprocess.run([sys.executable, "-m", "server", "serve", "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    for flag in FLAGS:
+        assert flag in result.stdout, flag
+
+
+def test_flags_map_onto_the_engine_config():
+    args = build_parser().parse_args([
+        "serve", "--speculative-method", "layer-skip", "--num-speculative-tokens", "3",
+        "--draft-layers", "6", "--max-model-len", "1024", "--max-num-seqs", "8",
+        "--num-kv-blocks", "100", "--max-queue", "7", "--api-key", "k",
+    ])
+    config = engine_config_from_args(args)
+    assert config.speculative.speculative_method == "layer-skip"
+    assert config.speculative.num_speculative_tokens == 3
+    assert config.speculative.draft_layers == 6
+    assert config.model.max_model_len == 1024 and config.scheduler.max_num_seqs == 8
+    assert config.cache.num_kv_blocks == 100
+    assert args.max_queue == 7 and args.api_key == "k"
+
+
+def test_defaults_serve_the_default_model_with_ngram_speculation(monkeypatch):
+    monkeypatch.delenv("SPECSERVE_API_KEY", raising=False)
+    args = build_parser().parse_args(["serve"])
+    config = engine_config_from_args(args)
+    assert (args.host, args.port) == ("127.0.0.1", 8000)
+    assert config.model.model is None
+    assert config.speculative.speculative_method == "ngram"
+    assert config.speculative.num_speculative_tokens == 5
+
+
+def test_bad_flag_values_fail_with_one_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "--speculative-method", "draft"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "specserve: error: --speculative-method draft needs --draft-model PATH")
