@@ -43,6 +43,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="draft model for --speculative-method draft (HF folder or .gguf)")
     p.add_argument("--draft-layers", type=int, default=None,
                    help="layers the layer-skip draft runs (default: chosen by calibration)")
+    p.add_argument("--draft-layer-ids", type=_layer_ids, default=None,
+                   help="exactly these layers for layer-skip, e.g. 0,1,2,28,29")
+    p.add_argument("--ngram-max", type=int, default=4,
+                   help="longest n-gram the ngram proposer looks up (default: %(default)s)")
+    p.add_argument("--ngram-min", type=int, default=1,
+                   help="shortest n-gram the ngram proposer looks up (default: %(default)s)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length limit")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
@@ -73,8 +79,16 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching,
         speculative_method=args.speculative_method,
         num_speculative_tokens=args.num_speculative_tokens, draft_model=args.draft_model,
-        draft_layers=args.draft_layers,
+        draft_layers=args.draft_layers, draft_layer_ids=args.draft_layer_ids,
+        ngram_max=args.ngram_max, ngram_min=args.ngram_min,
     )
+
+
+def _layer_ids(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers, got {text!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
