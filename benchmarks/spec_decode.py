@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from workloads import KINDS, encode, load_workloads
 
 from engine import LLM, SamplingParams
 from engine.models.loader import cache_dir, resolve_model_folder
 from engine.spec_decode.stats import SpecStats
-from workloads import KINDS, encode, load_workloads
 
 OUR_METHODS = ("none", "ngram", "layer-skip", "draft")
 HF_MODES = ("plain", "pld", "assistant")

@@ -23,11 +23,11 @@ from engine.models.loader import load_model
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.request import Request, RequestStatus
 from engine.sampler import SamplerOutput, build_sampling_batch, compute_logprobs
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
 from engine.spec_decode.factory import build_speculation
 from engine.spec_decode.verifier import VerifySeq, verify
 from engine.stats import StepRecorder, request_stats
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,11 @@ from engine import AsyncEngine, EngineConfig
 from engine.stat_logger import PeriodicStatLogger
 from server import chat, completions, metrics
 from server.context import (
-    Admission, ServerContext, ServerSettings, get_context, require_api_key,
+    Admission,
+    ServerContext,
+    ServerSettings,
+    get_context,
+    require_api_key,
 )
 from server.errors import APIError, install_error_handlers
 from server.protocol import ModelCard, ModelList

@@ -12,15 +12,27 @@ from fastapi import APIRouter, Depends, Request
 from server.context import ServerContext, get_context, require_api_key
 from server.errors import bad_request, parse_body
 from server.generation import (
-    Choice, ClientDisconnected, FanOut, Prompt, build_usage, check_stream_options, client_gone,
-    finish_reason, plan_choices, run_unless_disconnected, sampling_params,
+    Choice,
+    FanOut,
+    Prompt,
+    build_usage,
+    check_stream_options,
+    finish_reason,
+    plan_choices,
+    requested_max_tokens,
+    respond,
+    sampling_params,
 )
 from server.logprobs import TokenTexts, chat_logprobs
 from server.protocol import (
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
     ChatCompletionResponse,
 )
-from server.streaming import DONE, EventStreamResponse, error_event, event
+from server.streaming import DONE, error_event, event
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -33,22 +45,12 @@ async def create_chat_completion(request: Request, context: ServerContext = Depe
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
     prompt = await asyncio.to_thread(_apply_chat_template, context.engine.tokenizer, body)
-    requested = body.max_completion_tokens if body.max_completion_tokens is not None \
-        else body.max_tokens  # None: the rest of the context, as vLLM does
+    requested = requested_max_tokens(body)  # None: the default for this endpoint
     num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(context, body, prompt, requested, num_logprobs)
     choices = plan_choices(context, [prompt], [params], body.n)
     response = _Response(context, body, prompt, choices)
-    fanout = FanOut(context, response.id, choices)
-    if body.stream:
-        return EventStreamResponse(response.events(fanout), on_close=fanout.aclose)
-    try:
-        finals = await run_unless_disconnected(request, fanout.finals())
-    except ClientDisconnected:
-        return client_gone().response()
-    finally:
-        await fanout.aclose()
-    return response.complete(finals)
+    return await respond(request, context, response, choices, body.stream)
 
 
 def _apply_chat_template(tokenizer, body: ChatCompletionRequest) -> Prompt:

@@ -12,12 +12,20 @@ from fastapi import APIRouter, Depends, Request
 from server.context import ServerContext, get_context, require_api_key
 from server.errors import parse_body
 from server.generation import (
-    Choice, ClientDisconnected, FanOut, Prompt, build_usage, check_stream_options, client_gone,
-    finish_reason, plan_choices, run_unless_disconnected, sampling_params,
+    Choice,
+    FanOut,
+    Prompt,
+    build_usage,
+    check_stream_options,
+    finish_reason,
+    plan_choices,
+    requested_max_tokens,
+    respond,
+    sampling_params,
 )
 from server.logprobs import CompletionLogprobsBuilder, TokenTexts, merge_completion_logprobs
 from server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
-from server.streaming import DONE, EventStreamResponse, error_event, event
+from server.streaming import DONE, error_event, event
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -29,22 +37,12 @@ async def create_completion(request: Request, context: ServerContext = Depends(g
     check_stream_options(body)
     tokenizer = context.engine.tokenizer
     prompts = await asyncio.to_thread(_tokenize, tokenizer, body.prompt)
-    requested = body.max_completion_tokens if body.max_completion_tokens is not None \
-        else body.max_tokens
+    requested = requested_max_tokens(body)  # None: the default for this endpoint
     params = [sampling_params(context, body, prompt, requested, body.logprobs)
               for prompt in prompts]
     choices = plan_choices(context, prompts, params, body.n)
     response = _Response(context, body, prompts, choices)
-    fanout = FanOut(context, response.id, choices)
-    if body.stream:
-        return EventStreamResponse(response.events(fanout), on_close=fanout.aclose)
-    try:
-        finals = await run_unless_disconnected(request, fanout.finals())
-    except ClientDisconnected:
-        return client_gone().response()
-    finally:
-        await fanout.aclose()
-    return response.complete(finals)
+    return await respond(request, context, response, choices, body.stream)
 
 
 def _tokenize(tokenizer, prompt) -> list[Prompt]:

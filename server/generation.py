@@ -22,6 +22,7 @@ from engine.spec_decode.stats import SpecStats
 from server.context import ServerContext
 from server.errors import APIError, bad_request
 from server.protocol import SamplingFields, SpeculativeUsage, Usage
+from server.streaming import EventStreamResponse
 
 T = TypeVar("T")
 
@@ -201,6 +202,30 @@ async def _wait_for_disconnect(request: Request) -> None:
     # The body has been read, so the next message the server sends is the disconnect.
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+async def respond(request: Request, context: ServerContext, response, choices: list[Choice],
+                  stream: bool):
+    """Runs the choices and answers: an SSE stream of `response.events`, or, once every choice
+    has finished, `response.complete` (nothing at all if the client left first). Either way the
+    engine requests end with the response."""
+    fanout = FanOut(context, response.id, choices)
+    if stream:
+        return EventStreamResponse(response.events(fanout), on_close=fanout.aclose)
+    try:
+        finals = await run_unless_disconnected(request, fanout.finals())
+    except ClientDisconnected:
+        return client_gone().response()
+    finally:
+        await fanout.aclose()
+    return response.complete(finals)
+
+
+def requested_max_tokens(body: SamplingFields) -> int | None:
+    """`max_completion_tokens` (the newer name) wins over `max_tokens`."""
+    if body.max_completion_tokens is not None:
+        return body.max_completion_tokens
+    return body.max_tokens
 
 
 def client_gone() -> APIError:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# As `engine` does on import, before torch loads its OpenMP runtime (see engine/__init__.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import engine  # noqa: E402,F401  (first: it sets OpenMP's wait policy before torch loads)
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

@@ -8,7 +8,6 @@ from torch import nn
 
 from engine.models.architecture import LlamaArchitecture
 
-
 # oneDNN tunes a packed weight's blocking for an expected number of rows; 8 suits decode
 # batches and draft verification alike (1, 4 and 16 rows measured within ~10% of their best).
 PACK_ROWS_HINT = 8

@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
+
 from engine.request import Request
 from engine.spec_decode.stats import PRIOR_ACCEPTANCE
 

@@ -16,8 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampler import (SamplingBatch, choose_tokens, process_logits, sample_from_probs,
-                            target_probs)
+from engine.sampler import (
+    SamplingBatch,
+    choose_tokens,
+    process_logits,
+    sample_from_probs,
+    target_probs,
+)
 from engine.spec_decode.rejection_sampler import rejection_sample
 
 

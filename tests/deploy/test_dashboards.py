@@ -11,9 +11,16 @@ import yaml
 
 from tests.deploy.conftest import readme_section, run_promtool
 from tests.deploy.dashboards import (
-    DASHBOARD_DIR, DEFAULT_MODEL_NAME, MODEL_VARIABLE, dashboard_expressions,
-    dashboard_generator, dashboard_targets, data_panels, load_dashboards,
-    provisioned_datasource_uid, substitute_model,
+    DASHBOARD_DIR,
+    DEFAULT_MODEL_NAME,
+    MODEL_VARIABLE,
+    dashboard_expressions,
+    dashboard_generator,
+    dashboard_targets,
+    data_panels,
+    load_dashboards,
+    provisioned_datasource_uid,
+    substitute_model,
 )
 
 MODEL_SELECTOR = f'model_name="{MODEL_VARIABLE}"'

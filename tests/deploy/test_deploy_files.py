@@ -13,7 +13,12 @@ import yaml
 from tests.deploy.conftest import readme_section, run_promtool
 from tests.deploy.dashboards import DATASOURCE_FILE, PROVIDER_FILE, ROOT
 from tests.deploy.dockerfile import (
-    arg_defaults, dockerignore_excludes, exec_form, parse_dockerfile, read_dockerignore, stages,
+    arg_defaults,
+    dockerignore_excludes,
+    exec_form,
+    parse_dockerfile,
+    read_dockerignore,
+    stages,
 )
 
 COMPOSE_FILES = ["docker-compose.yml", "docker-compose.gpu.yml"]

@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client import generate_latest
 
 from engine import LLM, SamplingParams
 from engine.metrics import PrometheusMetrics
