@@ -59,8 +59,13 @@ def default_model_path() -> Path:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SPECSERVE_CACHE_DIR") or Path.home() / ".cache" / "specserve"
-    return Path(root)
+    """$SPECSERVE_CACHE_DIR, else ~/.cache/specserve (a temp folder where there is no home)."""
+    if os.environ.get("SPECSERVE_CACHE_DIR"):
+        return Path(os.environ["SPECSERVE_CACHE_DIR"])
+    try:
+        return Path.home() / ".cache" / "specserve"
+    except RuntimeError:
+        return Path(tempfile.gettempdir()) / "specserve-cache"
 
 
 def resolve_model_folder(model: str | None) -> tuple[Path, str]:
