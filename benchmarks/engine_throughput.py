@@ -75,17 +75,20 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--speculative-method", default="none",
+                        help="none (default) measures the plain engine core")
     args = parser.parse_args()
 
     import torch
 
-    llm = LLM(max_num_seqs=64)
+    llm = LLM(max_num_seqs=64, speculative_method=args.speculative_method)
     llm.generate(PROMPTS[0], SamplingParams(max_tokens=8, temperature=0))  # warm-up
     result = {
         "model": llm.engine.model_name,
         "dtype": "float32",
         "torch_threads": torch.get_num_threads(),
         "max_tokens": args.max_tokens,
+        "speculative_method": args.speculative_method,
         "machine": platform.processor() or platform.machine(),
     }
     ours = decode_rate_ours(llm, PROMPTS[0], args.max_tokens, args.repeats)
