@@ -22,11 +22,11 @@ from engine.model_runner import ModelRunner, build_model_input
 from engine.models.loader import load_model
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.request import Request, RequestStatus
-from engine.sampler import SamplerOutput, build_sampling_batch, compute_logprobs
+from engine.sampler import SamplerOutput, compute_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.spec_decode.factory import build_speculation
-from engine.spec_decode.verifier import VerifySeq, verify
+from engine.spec_decode.verifier import verify_requests
 from engine.stats import StepRecorder, request_stats
 
 logger = logging.getLogger(__name__)
@@ -188,8 +188,8 @@ class LLMEngine:
         logits = self.runner.execute(model_input)
         owners = model_input.logits_owners
         requests = [plan.scheduled[i].request for i in owners]
-        emitted_by_owner = self._verify(requests, model_input.logits_row_starts, logits,
-                                        draft_probs)
+        emitted_by_owner = verify_requests(requests, model_input.logits_row_starts, logits,
+                                           draft_probs, self.generator)
         if self.controller is not None:
             self.controller.observe_step(plan.num_batched_tokens, time.perf_counter() - started)
             for request, emitted in zip(requests, emitted_by_owner):
@@ -238,23 +238,6 @@ class LLMEngine:
                     and proposal.draft_probs[index] is not None:
                 probs[request.request_id] = proposal.draft_probs[index]
         return probs
-
-    def _verify(self, requests, row_starts, logits, draft_probs) -> list[list[int]]:
-        """Per sampling request: its accepted drafts and one new token (just the new token
-        without speculation)."""
-        if not requests:
-            return []
-        params, prompts, histories, seqs = [], [], [], []
-        for request, row_start in zip(requests, row_starts):
-            drafts = request.draft_token_ids
-            for j in range(len(drafts) + 1):  # row j scores the position after drafts[:j]
-                params.append(request.sampling_params)
-                prompts.append(request.prompt_token_ids)
-                histories.append(request.output_token_ids + drafts[:j])
-            seqs.append(VerifySeq(row_start, drafts, draft_probs.get(request.request_id)))
-        batch = build_sampling_batch(params, prompts, histories, logits.shape[-1], self.device,
-                                     self.generator)
-        return verify(logits, batch, seqs)
 
     def _emit(self, request: Request, num_before: int, row_start: int,
               logits: torch.Tensor, now: float) -> RequestOutput:

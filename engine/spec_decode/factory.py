@@ -11,7 +11,11 @@ from engine.attention.metadata import build_attention_metadata
 from engine.config import SpeculativeConfig
 from engine.kv_cache import KVCache
 from engine.models.loader import cache_dir, load_model
-from engine.spec_decode.controller import DraftCost, LinearCostModel, SpeculationController
+from engine.spec_decode.controller import (
+    DraftCost,
+    LinearCostModel,
+    SpeculationController,
+)
 from engine.spec_decode.layer_skip import calibration_cache_file, choose_layers
 from engine.spec_decode.model_drafter import ModelDrafter
 from engine.spec_decode.ngram import NgramProposer

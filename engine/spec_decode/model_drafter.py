@@ -10,7 +10,12 @@ import torch
 from engine.attention.metadata import build_attention_metadata
 from engine.models.llama import LlamaForCausalLM
 from engine.request import Request
-from engine.sampler import build_sampling_batch, choose_tokens, process_logits, target_probs
+from engine.sampler import (
+    build_sampling_batch,
+    choose_tokens,
+    process_logits,
+    target_probs,
+)
 from engine.spec_decode.proposer import Proposal, Proposer
 
 # Seeded requests draw their drafts from a stream of their own, independent of the target's.

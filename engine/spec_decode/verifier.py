@@ -18,6 +18,7 @@ import torch
 
 from engine.sampler import (
     SamplingBatch,
+    build_sampling_batch,
     choose_tokens,
     process_logits,
     sample_from_probs,
@@ -54,6 +55,27 @@ def verify(logits: torch.Tensor,  # [num_rows, vocab] raw
             probs_all = target_probs(processed, batch)
         emitted.append(_verify_sampled_drafts(probs_all, batch, seq))
     return emitted
+
+
+def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
+                    draft_probs: dict[str, torch.Tensor],
+                    shared_generator: torch.Generator) -> list[list[int]]:
+    """Per sampling request of a step: its accepted drafts and one new token (just the new
+    token without speculation). Row j of a request scores the position after drafts[:j], so
+    its penalties see those drafts and its seeded generator is keyed by that position."""
+    if not requests:
+        return []
+    params, prompts, histories, seqs = [], [], [], []
+    for request, row_start in zip(requests, row_starts):
+        drafts = request.draft_token_ids
+        for j in range(len(drafts) + 1):
+            params.append(request.sampling_params)
+            prompts.append(request.prompt_token_ids)
+            histories.append(request.output_token_ids + drafts[:j])
+        seqs.append(VerifySeq(row_start, drafts, draft_probs.get(request.request_id)))
+    batch = build_sampling_batch(params, prompts, histories, logits.shape[-1], logits.device,
+                                 shared_generator)
+    return verify(logits, batch, seqs)
 
 
 def _verify_sampled_drafts(probs_all: torch.Tensor, batch: SamplingBatch, seq: VerifySeq):
