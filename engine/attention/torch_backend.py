@@ -35,14 +35,17 @@ def paged_attention(
     out = torch.empty_like(q)
     group = meta.batched
     if group is not None:
-        queries = q[group.token_index].transpose(1, 2)  # [seqs, heads, max_q, head_dim]
-        keys = k_cache[group.block_tables].flatten(1, 2).transpose(1, 2)  # [seqs, kv_heads, L, d]
-        values = v_cache[group.block_tables].flatten(1, 2).transpose(1, 2)
+        # index_select / index_copy_ rather than advanced indexing: the same gathers, at a
+        # fraction of the per-call overhead, which adds up over every layer of every step.
+        rows = group.token_index.flatten()
+        queries = q.index_select(0, rows).view(group.num_seqs, group.max_query_len, *q.shape[1:])
+        queries = queries.transpose(1, 2)  # [seqs, heads, max_q, head_dim]
+        keys = _gather_blocks(k_cache, group.block_tables)  # [seqs, kv_heads, L, head_dim]
+        values = _gather_blocks(v_cache, group.block_tables)
         attended = _sdpa_folded(queries, keys, values, group.attn_mask)
         attended = attended.transpose(1, 2).flatten(0, 1)  # [seqs * max_q, heads, head_dim]
-        rows = group.token_index.flatten()
         if group.max_query_len == 1:
-            out[rows] = attended
+            out.index_copy_(0, rows, attended)
         else:
             out[rows[group.query_mask]] = attended[group.query_mask]
     for chunk in meta.chunks:
@@ -64,9 +67,17 @@ def paged_attention(
     return out
 
 
+def _gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    # [num_blocks, block_size, kv_heads, d] -> [seqs, kv_heads, max_blocks * block_size, d]
+    num_seqs, max_blocks = block_tables.shape
+    gathered = cache.index_select(0, block_tables.flatten())
+    return gathered.view(num_seqs, max_blocks * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
+
+
 def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, context_len: int):
     # [num_blocks, block_size, kv_heads, d] -> [1, kv_heads, context_len, d]
-    return cache[block_table].flatten(0, 1)[:context_len].transpose(0, 1).unsqueeze(0)
+    return cache.index_select(0, block_table).flatten(0, 1)[:context_len].transpose(0, 1) \
+        .unsqueeze(0)
 
 
 def _sdpa_folded(q, k, v, attn_mask):
