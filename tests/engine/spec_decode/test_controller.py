@@ -10,8 +10,17 @@ import pytest
 
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.spec_decode.controller import DraftCost, LinearCostModel, SpeculationController
-from engine.spec_decode.stats import DECAY, PRIOR_ACCEPTANCE, AcceptanceTracker, SpecStats
+from engine.spec_decode.controller import (
+    DraftCost,
+    LinearCostModel,
+    SpeculationController,
+)
+from engine.spec_decode.stats import (
+    DECAY,
+    PRIOR_ACCEPTANCE,
+    AcceptanceTracker,
+    SpecStats,
+)
 
 MAX_K = 4
 

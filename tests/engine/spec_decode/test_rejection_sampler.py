@@ -9,7 +9,11 @@ import math
 import pytest
 import torch
 
-from engine.spec_decode.rejection_sampler import accept_drafts, next_token_probs, rejection_sample
+from engine.spec_decode.rejection_sampler import (
+    accept_drafts,
+    next_token_probs,
+    rejection_sample,
+)
 
 CHI2_CRITICAL_DF4_P001 = 18.467  # chi-square critical value, 4 degrees of freedom, p = 0.001
 FORGED_TARGET = [0.35, 0.25, 0.2, 0.15, 0.05]
