@@ -1,10 +1,12 @@
-"""The prompt sets of the speculative-decoding benchmark, one per workload kind.
+"""The prompt sets of the benchmarks, one per workload kind that matters to speculation.
 
   code  HumanEval problem prompts, raw completion     data/humaneval_subset.jsonl
-  copy  editing / retrieval tasks whose answer repeats much of the prompt (written here), chat
+  copy  editing / retrieval tasks whose answer repeats much of the prompt, chat: four written
+        here, then edits (rename, annotate) of HumanEval reference solutions
   chat  MT-Bench first turns, chat                    data/mt_bench_subset.jsonl
 
-Chat prompts go through the tokenizer's chat template; every system then gets the same token ids.
+plus the user's own prompts from a JSON-lines file (`load_dataset`). Offline, chat prompts go
+through the tokenizer's chat template (`encode`); over HTTP the server applies its own.
 """
 
 from __future__ import annotations
@@ -81,6 +83,14 @@ COPY_PROMPTS = {
                  "Return the complete JSON.\n\n```json\n" + _CONFIG + "\n```",
 }
 
+# Edits of a HumanEval reference solution: the answer is the code again, changed in one place.
+_CODE_EDITS = (
+    "Rename the function `{name}` to `{name}_impl` everywhere in the code below and output the "
+    "complete updated code, nothing else.",
+    "Copy the code below exactly, adding the comment line `# reviewed` directly above the "
+    "definition of `{name}`. Output the complete code, nothing else.",
+)
+
 
 def load_workloads(kind: str, num_prompts: int) -> list[Workload]:
     """The first `num_prompts` prompts of `kind` (fewer when the set is smaller)."""
@@ -91,12 +101,33 @@ def load_workloads(kind: str, num_prompts: int) -> list[Workload]:
     elif kind == "copy":
         items = [Workload(f"copy/{name}", "copy", text, True)
                  for name, text in COPY_PROMPTS.items()]
+        # From the end of the HumanEval set, so that the code kind's first prompts stay unused.
+        records = _read_jsonl(DATA / "humaneval_subset.jsonl")[::-1]
+        for index, record in enumerate(records):
+            instruction = _CODE_EDITS[index % len(_CODE_EDITS)].format(name=record["entry_point"])
+            code = record["prompt"] + record["canonical_solution"]
+            items.append(Workload(f"copy/edit-{record['task_id'].replace('/', '-')}", "copy",
+                                  f"{instruction}\n\n```python\n{code.strip()}\n```", True))
     elif kind == "chat":
         records = _read_jsonl(DATA / "mt_bench_subset.jsonl")
         items = [Workload(f"chat/mtbench-{r['question_id']}", "chat", r["turns"][0], True)
                  for r in records]
     else:
         raise ValueError(f"unknown workload kind {kind!r}; choose from {', '.join(KINDS)}")
+    return items[:num_prompts]
+
+
+def load_dataset(path: str | Path, num_prompts: int | None = None) -> list[Workload]:
+    """The user's prompts: one JSON object a line with "prompt" (a string, sent as one user message
+    to chat endpoints, raw to completion endpoints) and optionally "kind" (a label to group by)."""
+    items = []
+    for number, record in enumerate(_read_jsonl(Path(path)), start=1):
+        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+            raise ValueError(f"{path}: line {number} needs a string \"prompt\"")
+        kind = str(record.get("kind", "dataset"))
+        items.append(Workload(f"{kind}/{number}", kind, record["prompt"], chat=True))
+    if not items:
+        raise ValueError(f"{path}: no prompts")
     return items[:num_prompts]
 
 
@@ -111,5 +142,8 @@ def encode(tokenizer, workload: Workload) -> list[int]:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    with open(path) as file:
-        return [json.loads(line) for line in file if line.strip()]
+    try:
+        with open(path) as file:
+            return [json.loads(line) for line in file if line.strip()]
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read prompts from {path}: {error}") from None

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 
+from benchmarks.cli import add_bench_parser, run_bench
 from engine.config import SPECULATIVE_METHODS, EngineConfig
 from server.context import DEFAULT_MAX_QUEUE
 
@@ -19,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
                     "/v1/chat/completions, /v1/models, /health, /version, /metrics).")
     add_serve_arguments(serve)
+    add_bench_parser(commands)
     return parser
 
 
@@ -93,6 +95,12 @@ def _layer_ids(text: str) -> tuple[int, ...]:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        try:
+            run_bench(args)
+        except ValueError as error:
+            raise SystemExit(f"specserve bench: error: {error}") from None
+        return
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -23,6 +23,15 @@ def default_model_folder():
 
 
 @pytest.fixture(scope="session")
+def server():
+    """`specserve serve` with no arguments (the default model, ngram speculation), shared."""
+    from tests.servers import DEFAULT_MODEL, running_server
+
+    with running_server([], DEFAULT_MODEL) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
 def default_llm():
     from engine import LLM
 

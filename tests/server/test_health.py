@@ -7,7 +7,7 @@ import sys
 
 import httpx
 
-from tests.server.conftest import free_port, running_server
+from tests.servers import free_port, running_server
 
 
 def test_server_starts_and_reports_health(tiny_chat_model_folder):

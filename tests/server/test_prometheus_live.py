@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.deploy.dashboards import dashboard_expressions
-from tests.server.conftest import DEFAULT_MODEL, free_port
+from tests.servers import DEFAULT_MODEL, free_port
 
 SCRAPE_INTERVAL_S = 1
 

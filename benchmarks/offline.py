@@ -1,4 +1,5 @@
-"""Speculative decoding, side by side in one process: our proposers against transformers.
+"""`specserve bench offline`: speculative decoding in one process, our proposers against
+transformers.
 
 Default model, float32, greedy, batch 1, `--max-tokens` new tokens per prompt (EOS ignored), on
 the workload kinds of workloads.py (code, copy, chat). Systems: ours/<method> is
@@ -10,15 +11,12 @@ over the kind's prompts, each prompt timed as the best of `--repeats` runs, the 
 turns on every prompt so that machine noise hits them alike. Prefix caching is off: every prompt
 is prefilled, as in transformers. Then all prompts, cycled to `--concurrency` requests, go to one
 LLM.generate call with ngram speculation and without. Compare ratios, not absolute numbers.
-JSON goes to stdout (and --output), a table to stderr.
-
-    python benchmarks/spec_decode.py [--kinds code,copy,chat] [--methods none,ngram,...]
+JSON goes to stdout (and --output), a table to stderr, a bar chart to --plot.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import datetime
 import os
 import platform
 import shutil
@@ -31,8 +29,9 @@ from pathlib import Path
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from workloads import KINDS, encode, load_workloads
 
+from benchmarks.report import finish
+from benchmarks.workloads import encode, load_workloads
 from engine import LLM, SamplingParams
 from engine.models.loader import cache_dir, resolve_model_folder
 from engine.spec_decode.stats import SpecStats
@@ -105,7 +104,7 @@ def transformers_generate(model, **options) -> System:
 
 def build_systems(methods: list[str], hf_modes: list[str], folder: Path,
                   draft_folder: Path | None) -> tuple[dict[str, LLM], dict[str, System]]:
-    llms = {method: LLM(speculative_method=method, **ENGINE_OPTIONS,
+    llms = {method: LLM(model=str(folder), speculative_method=method, **ENGINE_OPTIONS,
                         **({"draft_model": str(draft_folder)} if method == "draft" else {}))
             for method in methods}
     systems = {f"ours/{method}": ours(llm, method != "none") for method, llm in llms.items()}
@@ -212,36 +211,12 @@ def print_table(results: dict[str, dict[str, dict]], kinds: list[str]) -> None:
           "=/!: greedy tokens equal/differ from ours/none", file=sys.stderr)
 
 
-def _names(value: str, allowed: tuple[str, ...], flag: str) -> list[str]:
-    names = [name for name in value.split(",") if name]
-    unknown = [name for name in names if name not in allowed]
-    if unknown:
-        raise SystemExit(f"{flag}: unknown {unknown[0]!r}; choose from {', '.join(allowed)}")
-    return names
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kinds", default=",".join(KINDS))
-    parser.add_argument("--methods", default=",".join(OUR_METHODS))
-    parser.add_argument("--hf-modes", default=",".join(HF_MODES), help="'' for none")
-    parser.add_argument("--num-prompts", type=int, default=4, help="per kind")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=1, help="best of, per prompt")
-    parser.add_argument("--draft-model-layers", type=int, default=6)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--skip-concurrency", action="store_true")
-    parser.add_argument("--output", help="also write the JSON to this file")
-    args = parser.parse_args()
-    kinds = _names(args.kinds, KINDS, "--kinds")
-    methods = _names(args.methods, OUR_METHODS, "--methods")
-    hf_modes = _names(args.hf_modes, HF_MODES, "--hf-modes")
-    if min(args.num_prompts, args.max_tokens, args.repeats, args.concurrency) < 1:
-        raise SystemExit("--num-prompts, --max-tokens, --repeats and --concurrency must be >= 1")
-    if not kinds or not methods + hf_modes:
-        raise SystemExit("name at least one of --kinds and one of --methods / --hf-modes")
-
-    folder, model_name = resolve_model_folder(None)
+def run(args) -> dict:
+    """The whole `bench offline` command (arguments as benchmarks/cli.py defines them)."""
+    kinds, methods, hf_modes = args.workload, args.methods, args.hf_modes
+    if not methods + hf_modes:
+        raise ValueError("name at least one of --methods / --hf-modes")
+    folder, model_name = resolve_model_folder(args.model)
     draft_folder = None
     if "draft" in methods or "assistant" in hf_modes:
         draft_folder = build_truncated_draft(folder, args.draft_model_layers)
@@ -261,15 +236,17 @@ def main() -> None:
         print(f"[{kind}] done", file=sys.stderr, flush=True)
 
     concurrency = None
-    if not args.skip_concurrency:
+    if args.concurrency:
         for method in ("none", "ngram"):
             if method not in llms:
-                llms[method] = LLM(speculative_method=method, **ENGINE_OPTIONS)
+                llms[method] = LLM(model=str(folder), speculative_method=method, **ENGINE_OPTIONS)
         all_prompts = [ids for kind in kinds for ids in prompts[kind]]
         concurrency = measure_concurrency({m: llms[m] for m in ("none", "ngram")}, all_prompts,
                                           args.concurrency, args.max_tokens, args.repeats)
 
     report = {
+        "benchmark": "offline",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model": model_name, "dtype": "float32", "torch_threads": torch.get_num_threads(),
         "max_tokens": args.max_tokens, "repeats": args.repeats, "num_prompts": args.num_prompts,
         "draft_model": ({"folder": str(draft_folder), "num_layers": args.draft_model_layers}
@@ -287,11 +264,5 @@ def main() -> None:
     if concurrency:
         print(f"concurrency {args.concurrency}: {concurrency['tokens_per_s']} tok/s, ngram/none "
               f"{concurrency['ratio_ngram_vs_none']}x", file=sys.stderr)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    finish(report, args.output, args.plot)
+    return report

@@ -1,0 +1,144 @@
+"""Streamed requests to an OpenAI-compatible server, sent at a fixed concurrency or as a Poisson
+process, each timed chunk by chunk into a `RequestRecord`.
+
+Every request streams (`stream_options.include_usage`, so the server's own token count is used
+when it sends one; otherwise each text-carrying chunk counts as one token). A failed request is
+recorded with its error, never retried, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from benchmarks.serving_metrics import RequestRecord
+from benchmarks.workloads import Workload
+
+ENDPOINTS = ("auto", "completions", "chat")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One server under test."""
+
+    label: str
+    base_url: str  # without /v1
+    model: str
+    api_key: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What every request of a run asks for."""
+
+    endpoint: str  # "auto": raw prompts to /v1/completions, chat prompts to /v1/chat/completions
+    max_tokens: int
+    temperature: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False  # a vLLM extension; specserve and vLLM honour it
+
+
+def request_body(target: Target, workload: Workload, options: RequestOptions) -> tuple[str, dict]:
+    """(path, JSON body) of one streamed request."""
+    chat = workload.chat if options.endpoint == "auto" else options.endpoint == "chat"
+    body: dict = {"model": target.model, "max_tokens": options.max_tokens,
+                  "temperature": options.temperature, "stream": True,
+                  "stream_options": {"include_usage": True}}
+    if options.seed is not None:
+        body["seed"] = options.seed
+    if options.ignore_eos:
+        body["ignore_eos"] = True
+    if chat:
+        body["messages"] = [{"role": "user", "content": workload.text}]
+        return "/v1/chat/completions", body
+    body["prompt"] = workload.text
+    return "/v1/completions", body
+
+
+def chunk_text(event: dict) -> str:
+    """The output text a streamed completion or chat chunk carries ('' for none)."""
+    text = ""
+    for choice in event.get("choices") or []:
+        text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+    return text
+
+
+async def send(client: httpx.AsyncClient, target: Target, workload: Workload,
+               options: RequestOptions) -> RequestRecord:
+    """One streamed request, timed; errors end up in the record, not raised."""
+    path, body = request_body(target, workload, options)
+    record = RequestRecord(prompt_id=workload.id, kind=workload.kind, start=time.perf_counter())
+    usage = None
+    try:
+        async with client.stream("POST", target.base_url + path, json=body,
+                                 headers=target.headers) as response:
+            if response.status_code != 200:
+                await response.aread()
+                record.error = f"HTTP {response.status_code}: {_error_message(response)}"
+                return record
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if event.get("error"):
+                    record.error = f"stream error: {event['error'].get('message', event['error'])}"
+                    return record
+                if chunk_text(event):
+                    record.chunk_times.append(time.perf_counter())
+                usage = event.get("usage") or usage
+    except (httpx.HTTPError, json.JSONDecodeError) as error:
+        record.error = f"{type(error).__name__}: {error}"
+        return record
+    finally:
+        record.end = time.perf_counter()
+    record.output_tokens = (usage or {}).get("completion_tokens") or len(record.chunk_times)
+    record.prompt_tokens = (usage or {}).get("prompt_tokens")
+    return record
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200]
+
+
+async def run_load(client: httpx.AsyncClient, target: Target, workloads: list[Workload],
+                   options: RequestOptions, max_concurrency: int | None, request_rate: float,
+                   seed: int, on_done: Callable[[], None] = lambda: None,
+                   ) -> tuple[list[RequestRecord], float]:
+    """Sends every workload once, in order: a new request starts when one of `max_concurrency`
+    slots is free (None: no cap) and, for a finite `request_rate` (requests/s), after an
+    exponentially distributed gap. Returns the records in send order and the wall time."""
+    slots = asyncio.Semaphore(max_concurrency or len(workloads))
+    gaps = random.Random(seed)
+
+    async def one(workload: Workload) -> RequestRecord:
+        try:
+            return await send(client, target, workload, options)
+        finally:
+            slots.release()
+            on_done()
+
+    start = time.perf_counter()
+    tasks = []
+    for index, workload in enumerate(workloads):
+        if request_rate != float("inf") and index > 0:
+            await asyncio.sleep(gaps.expovariate(request_rate))
+        await slots.acquire()
+        tasks.append(asyncio.create_task(one(workload)))
+    records = await asyncio.gather(*tasks)
+    return list(records), time.perf_counter() - start

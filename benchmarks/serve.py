@@ -1,0 +1,196 @@
+"""`specserve bench serve`: a load generator for any OpenAI-compatible server.
+
+For each workload kind, each load level (a concurrency cap, and/or a Poisson request rate) and
+each target server, it sends `num_prompts` streamed requests and summarizes them as
+`vllm bench serve` does (serving_metrics.py); it reads the server's /metrics before and after
+every run for acceptance figures (server_metrics.py). With several targets (two servers: one
+speculating, one not), the targets take turns on every (kind, level), in alternating order, so the
+host's drift hits them alike and the ratios between them are fair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import itertools
+import random
+import sys
+from dataclasses import dataclass
+
+import httpx
+
+from benchmarks.load import RequestOptions, Target, run_load, send
+from benchmarks.server_metrics import scrape_spec_counters, speculation_summary
+from benchmarks.serving_metrics import summarize
+from benchmarks.workloads import KINDS, Workload, load_dataset, load_workloads
+
+ALL_PROMPTS = 10_000  # more than any bundled set holds
+WARMUP = Workload("warmup/hello", "warmup", "Say hello.", chat=True)
+
+
+@dataclass(frozen=True)
+class LoadLevel:
+    concurrency: int | None  # most requests in flight; None: no cap
+    request_rate: float  # requests/s of the Poisson arrivals; inf: all at once
+
+
+def load_levels(concurrencies: list[int], request_rates: list[float]) -> list[LoadLevel]:
+    """Every (concurrency, rate) pair; a rate-only sweep has no concurrency cap."""
+    caps: list[int | None] = list(concurrencies) or [None]
+    return [LoadLevel(cap, rate) for cap in caps for rate in request_rates]
+
+
+def sample_workloads(pool: list[Workload], num_prompts: int, seed: int) -> list[Workload]:
+    """`num_prompts` prompts drawn from `pool` in a seeded order, cycling when it is smaller."""
+    order = list(pool)
+    random.Random(seed).shuffle(order)
+    return list(itertools.islice(itertools.cycle(order), num_prompts))
+
+
+def workload_sets(kinds: list[str], dataset: str | None, num_prompts: int,
+                  seed: int) -> dict[str, list[Workload]]:
+    """The prompts of each run, by kind: the bundled kinds, or the user's dataset as one set."""
+    if dataset:
+        pools = {"dataset": load_dataset(dataset)}
+    else:
+        pools = {kind: load_workloads(kind, ALL_PROMPTS) for kind in kinds}
+    return {kind: sample_workloads(pool, num_prompts, seed) for kind, pool in pools.items()}
+
+
+async def resolve_model(client: httpx.AsyncClient, target: Target) -> Target:
+    """The target with its model named: the first one /v1/models lists when none was given."""
+    if target.model:
+        return target
+    response = await client.get(f"{target.base_url}/v1/models", headers=target.headers)
+    response.raise_for_status()
+    models = response.json().get("data") or []
+    if not models:
+        raise ValueError(f"{target.base_url}/v1/models lists no model; pass --model")
+    return Target(target.label, target.base_url, models[0]["id"], target.api_key)
+
+
+async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
+                    levels: list[LoadLevel], options: RequestOptions, seed: int,
+                    timeout: float, progress: bool) -> list[dict]:
+    """One record a target: its identity and one result per (kind, level)."""
+    most_in_flight = max(level.concurrency or len(items)
+                         for level in levels for items in workloads.values())
+    limits = httpx.Limits(max_connections=most_in_flight + 2, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
+        targets = [await resolve_model(client, target) for target in targets]
+        for target in targets:  # first requests pay one-time costs (connections, lazy init)
+            warmup = await send(client, target, WARMUP, RequestOptions(options.endpoint, 8))
+            if not warmup.ok:
+                raise ValueError(f"{target.base_url}: warm-up request failed: {warmup.error}")
+        total = len(targets) * len(levels) * sum(len(items) for items in workloads.values())
+        bar = _progress_bar(total, progress)
+        results: dict[str, list[dict]] = {target.label: [] for target in targets}
+        turn = 0
+        for kind, items in workloads.items():
+            for level in levels:
+                order = targets if turn % 2 == 0 else targets[::-1]
+                turn += 1
+                for target in order:
+                    bar.set_description(f"{target.label} {kind} c={level.concurrency} "
+                                        f"rate={level.request_rate}")
+                    before = await scrape_spec_counters(client, target.base_url)
+                    records, duration = await run_load(client, target, items, options,
+                                                       level.concurrency, level.request_rate,
+                                                       seed, on_done=lambda: bar.update(1))
+                    after = await scrape_spec_counters(client, target.base_url)
+                    results[target.label].append({
+                        "kind": kind, "max_concurrency": level.concurrency,
+                        "request_rate": _rate(level.request_rate),
+                        **summarize(records, duration),
+                        "speculative": speculation_summary(before, after)})
+        bar.close()
+    return [{"label": target.label, "base_url": target.base_url, "model": target.model,
+             "results": results[target.label]} for target in targets]
+
+
+def run(args) -> dict:
+    """The whole `bench serve` command: validate, measure, report (JSON, table, figure)."""
+    from benchmarks.report import finish, load_report
+
+    earlier = [load_report(path) for path in args.compare or []]  # fail before, not after
+    targets = _targets(args)
+    levels = load_levels(args.concurrency, args.request_rate)
+    workloads = workload_sets(args.workload, args.dataset, args.num_prompts, args.seed)
+    options = RequestOptions(args.endpoint, args.max_tokens, args.temperature, args.seed,
+                             args.ignore_eos)
+    runs = asyncio.run(benchmark(targets, workloads, levels, options, args.seed, args.timeout,
+                                 progress=not args.no_progress))
+    report = {
+        "benchmark": "serve",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": {"endpoint": args.endpoint, "workloads": list(workloads),
+                   "dataset": args.dataset, "num_prompts": args.num_prompts,
+                   "max_tokens": args.max_tokens, "temperature": args.temperature,
+                   "ignore_eos": args.ignore_eos, "seed": args.seed,
+                   "concurrency": args.concurrency,
+                   "request_rate": [_rate(rate) for rate in args.request_rate]},
+        "runs": runs,
+    }
+    print_table(report)
+    finish(report, args.output, args.plot, earlier)
+    return report
+
+
+def _targets(args) -> list[Target]:
+    base_urls = args.base_url or ["http://127.0.0.1:8000"]
+    labels = args.label or [_short(url) for url in base_urls]
+    if len(labels) != len(base_urls):
+        raise ValueError(f"give one --label per --base-url ({len(base_urls)}), got {len(labels)}")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"labels must differ, got {labels}")
+    return [Target(label, _normalize(url), args.model, args.api_key)
+            for label, url in zip(labels, base_urls)]
+
+
+def _normalize(base_url: str) -> str:
+    """Accepts http://host:port, with or without a trailing / or /v1 (as OpenAI clients take it)."""
+    url = base_url.rstrip("/")
+    url = url.removesuffix("/v1")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--base-url must start with http:// or https://, got {base_url!r}")
+    return url
+
+
+def _rate(request_rate: float) -> float | str:
+    """JSON has no infinity: an unlimited rate is written "inf", as vLLM writes it."""
+    return "inf" if request_rate == float("inf") else request_rate
+
+
+def _short(base_url: str) -> str:
+    return _normalize(base_url).split("://", 1)[1]
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", disable=not enabled, file=sys.stderr, leave=False)
+
+
+def print_table(report: dict) -> None:
+    header = (f"{'run':14s} {'kind':8s} {'conc':>5s} {'rate':>5s} {'done':>7s} {'out tok/s':>10s}"
+              f" {'TPOT p50':>9s} {'TTFT p50':>9s} {'ITL p50':>8s} {'accept':>7s} {'len':>5s}")
+    print(header, file=sys.stderr)
+    for run in report["runs"]:
+        for r in run["results"]:
+            spec = r["speculative"] or {}
+            print(f"{run['label'][:14]:14s} {r['kind'][:8]:8s} {_cell(r['max_concurrency']):>5s} "
+                  f"{_cell(r['request_rate']):>5s} {r['completed']:>3d}/{r['num_requests']:<3d} "
+                  f"{r['output_throughput']:10.1f} {_cell(r['tpot_ms']['p50']):>9s} "
+                  f"{_cell(r['ttft_ms']['p50']):>9s} {_cell(r['itl_ms']['p50']):>8s} "
+                  f"{_cell(spec.get('acceptance_rate')):>7s} "
+                  f"{_cell(spec.get('mean_acceptance_length')):>5s}", file=sys.stderr)
+    print("times in ms; accept: acceptance rate, len: mean acceptance length (from /metrics)",
+          file=sys.stderr)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+    return str(value)
