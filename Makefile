@@ -11,7 +11,7 @@ STAMP := $(VENV)/.specserve-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test bench clean prometheus
+.PHONY: install serve test bench bench-serve bench-engine clean prometheus
 
 install: $(STAMP)
 
@@ -36,7 +36,14 @@ prometheus:
 		&& (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null 2>&1 ; } \
 		|| echo "note: Prometheus is not installed and could not be; its tests will skip"
 
+# The README's performance figures (see its "Performance" section); ARGS go to the benchmark.
 bench: install
+	$(BIN)/specserve bench offline $(ARGS)
+
+bench-serve: install
+	BIN=$(BIN) benchmarks/serve_speculation_on_off.sh benchmarks/results/serve.json $(ARGS)
+
+bench-engine: install
 	$(BIN)/python benchmarks/engine_throughput.py $(ARGS)
 
 clean:

@@ -182,8 +182,13 @@ def test_dockerignore_keeps_the_sources_and_drops_the_rest():
         assert (ROOT / source).exists(), source
         assert not dockerignore_excludes(patterns, source), f".dockerignore drops {source}"
     assert not dockerignore_excludes(patterns, "engine/models/loader.py")
+    assert not dockerignore_excludes(patterns, "benchmarks/data/humaneval_subset.jsonl")
+    # every package pyproject.toml installs is in the image (server/cli.py imports benchmarks)
+    packages = re.search(r'include = \[(.*?)\]', (ROOT / "pyproject.toml").read_text()).group(1)
+    for package in re.findall(r'"(\w+)\*"', packages):
+        assert package in sources, f"the Dockerfile does not copy {package}/"
     for path in (".git", ".venv/bin/python", "engine/__pycache__/x.pyc", "tests/conftest.py",
-                 ".pytest_cache", "specserve.egg-info/PKG-INFO"):
+                 ".pytest_cache", "specserve.egg-info/PKG-INFO", "benchmarks/results/x.json"):
         assert dockerignore_excludes(patterns, path), f".dockerignore keeps {path}"
 
 
