@@ -116,6 +116,15 @@ def _error_message(response: httpx.Response) -> str:
         return response.text[:200]
 
 
+def arrival_gaps(num_requests: int, request_rate: float, seed: int) -> list[float]:
+    """Seconds to wait before each request: exponential gaps of mean 1/rate after the first (a
+    Poisson process), all zero for an infinite rate."""
+    if request_rate == float("inf"):
+        return [0.0] * num_requests
+    gaps = random.Random(seed)
+    return [0.0] + [gaps.expovariate(request_rate) for _ in range(num_requests - 1)]
+
+
 async def run_load(client: httpx.AsyncClient, target: Target, workloads: list[Workload],
                    options: RequestOptions, max_concurrency: int | None, request_rate: float,
                    seed: int, on_done: Callable[[], None] = lambda: None,
@@ -124,7 +133,6 @@ async def run_load(client: httpx.AsyncClient, target: Target, workloads: list[Wo
     slots is free (None: no cap) and, for a finite `request_rate` (requests/s), after an
     exponentially distributed gap. Returns the records in send order and the wall time."""
     slots = asyncio.Semaphore(max_concurrency or len(workloads))
-    gaps = random.Random(seed)
 
     async def one(workload: Workload) -> RequestRecord:
         try:
@@ -135,9 +143,9 @@ async def run_load(client: httpx.AsyncClient, target: Target, workloads: list[Wo
 
     start = time.perf_counter()
     tasks = []
-    for index, workload in enumerate(workloads):
-        if request_rate != float("inf") and index > 0:
-            await asyncio.sleep(gaps.expovariate(request_rate))
+    for workload, gap in zip(workloads, arrival_gaps(len(workloads), request_rate, seed)):
+        if gap:
+            await asyncio.sleep(gap)
         await slots.acquire()
         tasks.append(asyncio.create_task(one(workload)))
     records = await asyncio.gather(*tasks)

@@ -26,7 +26,7 @@ def test_sweep_of_two_targets_reports_every_metric(server, tmp_path):
     output, figure = tmp_path / "run.json", tmp_path / "run.png"
     # The same server twice, once as OpenAI clients spell it (/v1): two runs side by side.
     result = bench("serve", "--base-url", server.base_url, "--base-url", server.base_url + "/v1/",
-                   "--label", "first", "--label", "second", "--workload", "copy,chat",
+                   "--label", "first", "--label", "second", "--workload", "code,chat",
                    "--num-prompts", "3", "--max-tokens", "8", "--ignore-eos",
                    "--concurrency", "1,2", "--no-progress", "--output", str(output))
     assert result.returncode == 0, result.stderr
@@ -37,7 +37,7 @@ def test_sweep_of_two_targets_reports_every_metric(server, tmp_path):
     for run in report["runs"]:
         assert run["model"] == server.model  # found through /v1/models
         assert [(r["kind"], r["max_concurrency"]) for r in run["results"]] == [
-            ("copy", 1), ("copy", 2), ("chat", 1), ("chat", 2)]
+            ("code", 1), ("code", 2), ("chat", 1), ("chat", 2)]  # completions, then chat
         for r in run["results"]:
             assert SUMMARY_KEYS <= set(r)
             assert (r["num_requests"], r["completed"], r["failed"]) == (3, 3, 0), r["errors"]
@@ -66,11 +66,12 @@ def test_failed_requests_are_counted_and_the_run_goes_on(server, tmp_path):
     dataset.write_text("".join(json.dumps({"prompt": text}) + "\n"
                                for text in ("Say hi.", too_long, "Count to three.")))
     result = bench("serve", "--base-url", server.base_url, "--dataset", str(dataset),
-                   "--num-prompts", "3", "--max-tokens", "4", "--concurrency", "3",
-                   "--no-progress", "--plot", str(tmp_path / "fig.png"))
+                   "--endpoint", "completions", "--num-prompts", "3", "--max-tokens", "4",
+                   "--concurrency", "3", "--request-rate", "20", "--no-progress",
+                   "--plot", str(tmp_path / "fig.png"))
     assert result.returncode == 0, result.stderr
     [r] = json.loads(result.stdout)["runs"][0]["results"]
-    assert r["kind"] == "dataset"
+    assert (r["kind"], r["max_concurrency"], r["request_rate"]) == ("dataset", 3, 20.0)
     assert (r["num_requests"], r["completed"], r["failed"]) == (3, 2, 1)
     assert len(r["errors"]) == 1 and r["errors"][0].startswith("HTTP 400")
 

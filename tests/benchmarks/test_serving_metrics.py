@@ -1,9 +1,13 @@
-"""Serving metrics from synthetic timelines: the definitions of `vllm bench serve`, checked by hand."""
+"""Serving metrics from synthetic timelines (the definitions of `vllm bench serve`, checked by
+hand), and the arrival process that paces requests."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
+from benchmarks.load import arrival_gaps
 from benchmarks.serving_metrics import RequestRecord, distribution_ms, percentile, summarize
 
 
@@ -69,3 +73,13 @@ def test_summary_counts_throughputs_and_ignores_failed_requests():
     assert summary["e2el_ms"]["p50"] == pytest.approx(2750.0)
     with pytest.raises(ValueError):
         summarize(records, duration=0.0)
+
+
+def test_poisson_arrivals_are_seeded_with_mean_gap_one_over_rate():
+    gaps = arrival_gaps(20_001, request_rate=4.0, seed=7)
+    assert gaps[0] == 0.0 and all(gap > 0 for gap in gaps[1:])
+    assert sum(gaps[1:]) / 20_000 == pytest.approx(0.25, rel=0.03)
+    # exponential: the standard deviation equals the mean
+    assert statistics.pstdev(gaps[1:]) == pytest.approx(0.25, rel=0.05)
+    assert arrival_gaps(5, 4.0, seed=7) == gaps[:5]
+    assert arrival_gaps(3, float("inf"), seed=7) == [0.0, 0.0, 0.0]
