@@ -26,8 +26,8 @@ def load_axis(results: list[dict]) -> str:
     """The result field the x axis shows: the concurrency cap unless only the rate varies."""
     caps = {result["max_concurrency"] for result in results}
     rates = {result["request_rate"] for result in results}
-    return "request_rate" if (None in caps or len(caps) == 1) and len(rates) > 1 else \
-        "max_concurrency"
+    only_rates_vary = (None in caps or len(caps) == 1) and len(rates) > 1
+    return "request_rate" if only_rates_vary else "max_concurrency"
 
 
 def serve_lines(reports: list[dict]) -> dict[str, list[dict]]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import httpx
 
 from benchmarks.load import RequestOptions, Target, run_load, send
+from benchmarks.report import finish, load_report
 from benchmarks.server_metrics import scrape_spec_counters, speculation_summary
 from benchmarks.serving_metrics import summarize
 from benchmarks.workloads import KINDS, Workload, load_dataset, load_workloads
@@ -110,8 +111,6 @@ async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
 
 def run(args) -> dict:
     """The whole `bench serve` command: validate, measure, report (JSON, table, figure)."""
-    from benchmarks.report import finish, load_report
-
     earlier = [load_report(path) for path in args.compare or []]  # fail before, not after
     targets = _targets(args)
     levels = load_levels(args.concurrency, args.request_rate)
