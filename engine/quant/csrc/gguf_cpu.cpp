@@ -1,0 +1,219 @@
+// Weight-only matrix multiplication with GGUF block-quantized weights on CPU.
+//
+// y[N, M] = x[N, K] W[M, K]^T with x and y float32 and W kept packed as GGUF stores it (one row of
+// K weights = K / block_size blocks). Each tile of weight rows is dequantized once into a small
+// float buffer that stays in L1 and is then multiplied with all N activation rows, so a decode
+// step (N = 1), a batch of decodes and a verification of K + 1 draft positions (N up to 64) all
+// stream each weight block from memory once. Accumulation is float32: the result equals
+// dequantize(W) @ x up to float32 summation order.
+//
+// The same body (gguf_kernels_impl.h) is compiled three times, for AVX-512, AVX2+FMA and plain
+// x86-64 / any other CPU, and the widest one the CPU supports is picked at run time. Threads come
+// from ATen's intra-op pool (OpenMP in torch's CPU builds), so torch.set_num_threads applies.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// GGML type ids, as GGUF files store them.
+constexpr int kQ4_0 = 2;
+constexpr int kQ4_1 = 3;
+constexpr int kQ8_0 = 8;
+constexpr int kQ4_K = 12;
+constexpr int kQ6_K = 14;
+constexpr int kTile = 4;  // weight rows dequantized together (the dequantize-then-multiply path)
+constexpr int kFusedRows = 4;  // activation rows one pass of the fused path serves
+// Up to this many activation rows the fused path is faster (measured: benchmarks/gguf_kernels.py);
+// above it dequantizing each weight once into L1 and reusing it for every row wins.
+constexpr int64_t kFusedMaxRows = 8;
+
+struct BlockFormat {
+    int64_t block_size;   // weights per block
+    int64_t block_bytes;  // bytes per block
+};
+
+BlockFormat block_format(int64_t type) {
+    switch (type) {
+        case kQ4_0: return {32, 18};
+        case kQ4_1: return {32, 20};
+        case kQ8_0: return {32, 34};
+        case kQ4_K: return {256, 144};
+        case kQ6_K: return {256, 210};
+    }
+    TORCH_CHECK(false, "no CPU kernel for GGML type ", type);
+}
+
+}  // namespace
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#define GGUF_KERNEL_X86_SIMD 1
+namespace isa_avx512 {
+#include "gguf_kernels_impl.h"
+}
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace isa_avx2 {
+#include "gguf_kernels_impl.h"
+}
+#undef GGUF_KERNEL_X86_SIMD
+#pragma GCC pop_options
+#define SPECSERVE_HAVE_X86_VARIANTS 1
+#endif
+
+namespace isa_generic {
+#include "gguf_kernels_impl.h"
+}
+
+namespace {
+
+enum Isa : int64_t { kAuto = -1, kGeneric = 0, kAvx2 = 1, kAvx512 = 2 };
+
+int64_t best_isa() {
+#ifdef SPECSERVE_HAVE_X86_VARIANTS
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        return kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return kAvx2;
+#endif
+    return kGeneric;
+}
+
+int64_t resolve_isa(int64_t isa) {
+    const int64_t best = best_isa();
+    if (isa == kAuto) return best;
+    TORCH_CHECK(isa >= kGeneric && isa <= best, "instruction set ", isa,
+                " is not available on this CPU (best: ", best, ")");
+    return isa;
+}
+
+void check_packed(const torch::Tensor& packed, int64_t type, int64_t in_features,
+                  BlockFormat* format) {
+    TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == torch::kUInt8 &&
+                    packed.dim() == 2 && packed.stride(1) == 1,
+                "packed weights must be a CPU uint8 [rows, row_bytes] tensor with unit column "
+                "stride");
+    *format = block_format(type);
+    TORCH_CHECK(in_features % format->block_size == 0, "in_features ", in_features,
+                " is not a multiple of the block size ", format->block_size);
+    TORCH_CHECK(packed.size(1) == in_features / format->block_size * format->block_bytes,
+                "packed rows hold ", packed.size(1), " bytes, expected ",
+                in_features / format->block_size * format->block_bytes);
+}
+
+}  // namespace
+
+// out[N, M] = x[N, K] @ dequantize(packed)^T. `out` may be a column slice of a wider tensor (its
+// row stride is honoured), so projections fused from parts of different types share one output.
+void gguf_matmul_out(const torch::Tensor& x, const torch::Tensor& packed, int64_t type,
+                     torch::Tensor& out, int64_t isa) {
+    const int64_t K = x.size(-1);
+    BlockFormat format;
+    check_packed(packed, type, K, &format);
+    TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() == 2 &&
+                    x.stride(1) == 1,
+                "x must be a CPU float32 [N, K] tensor with unit column stride");
+    TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.dim() == 2 && out.stride(1) == 1 &&
+                    out.size(0) == x.size(0) && out.size(1) == packed.size(0),
+                "out must be a float32 [N, M] tensor with unit column stride");
+    const int64_t N = x.size(0), M = packed.size(0), num_blocks = K / format.block_size;
+    if (N == 0 || M == 0) return;
+    const int64_t chosen = resolve_isa(isa);
+    const uint8_t* packed_ptr = packed.data_ptr<uint8_t>();
+    const float* x_ptr = x.data_ptr<float>();
+    float* out_ptr = out.data_ptr<float>();
+    const int64_t row_bytes = packed.stride(0), x_stride = x.stride(0), y_stride = out.stride(0);
+    const int t = (int)type;
+    const bool fused = chosen != kGeneric && N <= kFusedMaxRows &&
+#ifdef SPECSERVE_HAVE_X86_VARIANTS
+                       isa_avx2::fused_supported(t);
+#else
+                       false;
+#endif
+    if (fused) {
+        // Sums of x over each 32-weight block, for the blocks' offsets (w = scale * q + offset).
+        // (A plain loop: a torch reduction here costs more than the kernel for small matrices.)
+        std::vector<float> x_block_sums(N * (K / 32));  // [N, K / 32]
+        for (int64_t n = 0; n < N; ++n)
+            for (int64_t b = 0; b < K / 32; ++b) {
+                float sum = 0.0f;
+                for (int i = 0; i < 32; ++i) sum += x_ptr[n * x_stride + b * 32 + i];
+                x_block_sums[n * (K / 32) + b] = sum;
+            }
+        const float* sums_ptr = x_block_sums.data();
+        at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+#ifdef SPECSERVE_HAVE_X86_VARIANTS
+            if (chosen == kAvx512)
+                return isa_avx512::fused_range(t, packed_ptr, row_bytes, K, x_ptr, x_stride,
+                                               sums_ptr, N, out_ptr, y_stride, begin, end);
+            isa_avx2::fused_range(t, packed_ptr, row_bytes, K, x_ptr, x_stride, sums_ptr, N,
+                                  out_ptr, y_stride, begin, end);
+#endif
+        });
+        return;
+    }
+    const int64_t num_tiles = (M + kTile - 1) / kTile;
+    at::parallel_for(0, num_tiles, 1, [&](int64_t tile_begin, int64_t tile_end) {
+        std::vector<float> scratch(kTile * K);
+        const int64_t begin = tile_begin * kTile, end = std::min(tile_end * kTile, M);
+#ifdef SPECSERVE_HAVE_X86_VARIANTS
+        if (chosen == kAvx512)
+            return isa_avx512::matmul_range(t, packed_ptr, row_bytes, K, num_blocks, x_ptr, x_stride,
+                                            N, out_ptr, y_stride, begin, end, scratch.data());
+        if (chosen == kAvx2)
+            return isa_avx2::matmul_range(t, packed_ptr, row_bytes, K, num_blocks, x_ptr, x_stride,
+                                          N, out_ptr, y_stride, begin, end, scratch.data());
+#endif
+        isa_generic::matmul_range(t, packed_ptr, row_bytes, K, num_blocks, x_ptr, x_stride, N,
+                                  out_ptr, y_stride, begin, end, scratch.data());
+    });
+}
+
+// The float32 [rows, in_features] matrix a packed one stands for (tests, embeddings).
+torch::Tensor gguf_dequantize(const torch::Tensor& packed, int64_t type, int64_t in_features,
+                              int64_t isa) {
+    BlockFormat format;
+    check_packed(packed, type, in_features, &format);
+    const int64_t M = packed.size(0), num_blocks = in_features / format.block_size;
+    auto out = torch::empty({M, in_features}, torch::kFloat32);
+    const int64_t chosen = resolve_isa(isa);
+    const uint8_t* packed_ptr = packed.data_ptr<uint8_t>();
+    float* out_ptr = out.data_ptr<float>();
+    const int64_t row_bytes = packed.stride(0);
+    const int t = (int)type;
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+#ifdef SPECSERVE_HAVE_X86_VARIANTS
+        if (chosen == kAvx512)
+            return isa_avx512::dequantize_range(t, packed_ptr, row_bytes, in_features, num_blocks,
+                                                out_ptr, begin, end);
+        if (chosen == kAvx2)
+            return isa_avx2::dequantize_range(t, packed_ptr, row_bytes, in_features, num_blocks,
+                                              out_ptr, begin, end);
+#endif
+        isa_generic::dequantize_range(t, packed_ptr, row_bytes, in_features, num_blocks, out_ptr,
+                                      begin, end);
+    });
+    return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "GGUF block-quantized weight-only matmul on CPU (float32 activations)";
+    m.def("matmul_out", &gguf_matmul_out, "out = x @ dequantize(packed)^T", py::arg("x"),
+          py::arg("packed"), py::arg("type"), py::arg("out"), py::arg("isa") = -1);
+    m.def("dequantize", &gguf_dequantize, "dequantize(packed) as float32", py::arg("packed"),
+          py::arg("type"), py::arg("in_features"), py::arg("isa") = -1);
+    m.def("best_isa", &best_isa, "0 generic, 1 AVX2+FMA, 2 AVX-512");
+}

@@ -1,0 +1,66 @@
+"""The compiled GGUF CPU kernel (csrc/gguf_cpu.cpp): built once, loaded on first use.
+
+`make install` builds it (`python -m engine.quant.kernels`); torch.utils.cpp_extension keeps the
+build under the cache folder and rebuilds only when the source changes. Where it cannot be built
+(no compiler, no ninja) `load_kernel()` returns None once, with one log line, and the linear layers
+fall back to dequantizing with formats.dequantize.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).parent / "csrc"
+EXTENSION_NAME = "specserve_gguf_cpu"
+# Instruction sets the kernel was compiled for, as its `isa` argument takes them.
+ISA_GENERIC, ISA_AVX2, ISA_AVX512 = 0, 1, 2
+
+
+def build_dir() -> Path:
+    from engine.models.loader import cache_dir
+
+    return cache_dir() / "extensions" / EXTENSION_NAME
+
+
+@functools.cache
+def load_kernel():
+    """The extension module, or None where it cannot be built (logged once)."""
+    if os.environ.get("SPECSERVE_DISABLE_GGUF_KERNEL") == "1":
+        logger.info("GGUF CPU kernel disabled by SPECSERVE_DISABLE_GGUF_KERNEL=1")
+        return None
+    try:
+        return _build(verbose=False)
+    except Exception as error:  # any build failure leaves the pure-torch path working
+        logger.warning("GGUF CPU kernel unavailable (%s); using the slower pure-torch fallback",
+                       str(error).strip().splitlines()[-1] if str(error).strip() else error)
+        return None
+
+
+def _build(verbose: bool):
+    from torch.utils.cpp_extension import load
+
+    folder = build_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    return load(
+        name=EXTENSION_NAME,
+        sources=[str(SOURCE_DIR / "gguf_cpu.cpp")],
+        extra_include_paths=[str(SOURCE_DIR)],
+        extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno"],
+        # ATen's parallel_for is OpenMP inlined into the caller; the libgomp this links is the one
+        # torch already loaded (same soname), so torch.set_num_threads governs it too.
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(folder),
+        verbose=verbose,
+    )
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    module = _build(verbose=True)
+    print(f"built {EXTENSION_NAME}: best instruction set {module.best_isa()} "
+          "(0 generic, 1 AVX2+FMA, 2 AVX-512)")
