@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
+import math
+
 import torch
 
 from engine.models.architecture import LlamaArchitecture
@@ -31,7 +34,8 @@ class KVCache:
     def __init__(self, arch: LlamaArchitecture, num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device):
         shape = (arch.num_layers, 2, num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
-        self.storage = torch.zeros(shape, dtype=dtype, device=device)
+        self.storage = _zeros_untouched(shape, dtype) if device.type == "cpu" \
+            else torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.layers = [(self.storage[i, 0], self.storage[i, 1]) for i in range(arch.num_layers)]
@@ -41,3 +45,12 @@ class KVCache:
 
     def __len__(self) -> int:
         return len(self.layers)
+
+
+def _zeros_untouched(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor in anonymous mmap'd memory: the OS hands out zero pages lazily, so the
+    budget is reserved without being resident until blocks are written (torch.zeros would touch
+    every page at start: 1 GiB of RSS for the default budget)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    buffer = mmap.mmap(-1, max(nbytes, 1))
+    return torch.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).view(shape)

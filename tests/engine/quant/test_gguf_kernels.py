@@ -1,0 +1,160 @@
+"""GGUF block formats and the compiled weight-only kernel: every type, the compiled instruction
+sets this CPU runs and the pure-torch fallback all equal dequantize(W) @ x.
+
+Blocks are random bytes (any bit pattern is a valid block) with small finite fp16 scales, so
+every nibble, sign and 6-bit scale combination occurs. The format reference is the `gguf`
+package's own dequantizer, an implementation independent of ours.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gguf
+import gguf.quants
+import numpy as np
+import pytest
+import torch
+
+from engine.quant import formats
+from engine.quant.formats import FORMATS
+from engine.quant.gguf_weight import GGUFWeight, PackedTensor
+from engine.quant.kernels import ISA_AVX2, ISA_AVX512, ISA_GENERIC, load_kernel
+
+# Byte offsets of each format's fp16 scale fields inside a block.
+FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
+ROWS = [1, 2, 7, 64]  # activation rows: decode, small batches, a verify step, a large batch
+TYPES = sorted(FORMATS.values(), key=lambda f: f.ggml_type)
+
+
+def random_packed(fmt: formats.BlockFormat, rows: int, in_features: int,
+                  seed: int = 0) -> torch.Tensor:
+    """[rows, row_bytes] of random valid blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = rows * in_features // fmt.block_size
+    blocks = torch.randint(0, 256, (num_blocks, fmt.block_bytes), dtype=torch.uint8, generator=gen)
+    for offset in FP16_FIELDS[fmt.name]:
+        scales = (torch.rand(num_blocks, generator=gen) * 0.02 + 1e-3).half()
+        blocks[:, offset:offset + 2] = scales.view(torch.uint8).view(num_blocks, 2)
+    return blocks.reshape(rows, fmt.row_bytes(in_features))
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected|| in float64: the kernels' accuracy measure."""
+    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
+
+
+def compiled_isas() -> list[int]:
+    kernel = load_kernel()
+    return [isa for isa in (ISA_GENERIC, ISA_AVX2, ISA_AVX512) if isa <= kernel.best_isa()]
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    module = load_kernel()
+    if module is None:
+        if os.environ.get("SPECSERVE_DISABLE_GGUF_KERNEL") == "1":
+            pytest.skip("kernel disabled by SPECSERVE_DISABLE_GGUF_KERNEL=1")
+        pytest.fail("the GGUF CPU kernel did not build (make install builds it)")
+    return module
+
+
+def shape_for(fmt: formats.BlockFormat) -> tuple[int, int]:
+    """Odd shapes: an odd number of output rows (not a multiple of any tile) and of blocks."""
+    return 37, fmt.block_size * 3
+
+
+@pytest.mark.parametrize("fmt", TYPES, ids=lambda f: f.name)
+def test_dequantize_matches_the_gguf_package(fmt):
+    rows, in_features = shape_for(fmt)
+    packed = random_packed(fmt, rows, in_features)
+    reference = gguf.quants.dequantize(packed.numpy(), gguf.GGMLQuantizationType(fmt.ggml_type))
+    expected = torch.from_numpy(np.asarray(reference, dtype=np.float32)).reshape(rows, in_features)
+    torch.testing.assert_close(formats.dequantize(packed, fmt.ggml_type, in_features), expected,
+                               rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", TYPES, ids=lambda f: f.name)
+def test_kernel_dequantize_is_exact(kernel, fmt):
+    rows, in_features = shape_for(fmt)
+    packed = random_packed(fmt, rows, in_features, seed=1)
+    expected = formats.dequantize(packed, fmt.ggml_type, in_features)
+    for isa in compiled_isas():
+        actual = kernel.dequantize(packed, fmt.ggml_type, in_features, isa)
+        torch.testing.assert_close(actual, expected, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("num_rows", ROWS)
+@pytest.mark.parametrize("fmt", TYPES, ids=lambda f: f.name)
+def test_kernel_matmul_equals_dequantized_product(kernel, fmt, num_rows):
+    out_features, in_features = shape_for(fmt)
+    packed = random_packed(fmt, out_features, in_features, seed=2)
+    weight = formats.dequantize(packed, fmt.ggml_type, in_features)
+    x = torch.randn(num_rows, in_features, generator=torch.Generator().manual_seed(3))
+    expected = x.double() @ weight.double().t()
+    for isa in compiled_isas():
+        out = torch.full((num_rows, out_features), float("nan"))
+        kernel.matmul_out(x, packed, fmt.ggml_type, out, isa)
+        assert relative_error(out, expected) <= 1e-5, (fmt.name, num_rows, isa)
+
+
+def test_kernel_writes_into_a_column_slice_and_nowhere_else(kernel):
+    fmt = formats.FORMATS_BY_NAME["Q4_1"]
+    packed = random_packed(fmt, 9, 64)
+    x = torch.randn(3, 64)
+    out = torch.zeros(3, 20)
+    kernel.matmul_out(x, packed, fmt.ggml_type, out.narrow(1, 5, 9))
+    expected = x.double() @ formats.dequantize(packed, fmt.ggml_type, 64).double().t()
+    assert relative_error(out[:, 5:14], expected) <= 1e-5
+    assert out[:, :5].eq(0).all() and out[:, 14:].eq(0).all()
+
+
+def test_kernel_rejects_mismatched_shapes(kernel):
+    fmt = formats.FORMATS_BY_NAME["Q8_0"]
+    packed = random_packed(fmt, 4, 64)
+    with pytest.raises(RuntimeError, match="expected"):
+        kernel.matmul_out(torch.randn(1, 96), packed, fmt.ggml_type, torch.empty(1, 4))
+    with pytest.raises(RuntimeError, match="no CPU kernel"):
+        kernel.dequantize(packed, 6, 64)  # Q5_0: no kernel
+
+
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch-fallback"])
+def test_weight_fused_from_parts_of_different_formats(monkeypatch, use_kernel):
+    """q (Q4_K), k (Q4_K) and v (Q6_K) as one projection, as a Q4_K_M file stores them; the
+    fallback path dequantizes in torch and must give the same product."""
+    if not use_kernel:
+        monkeypatch.setattr("engine.quant.gguf_weight.load_kernel", lambda: None)
+    in_features = 512
+    parts = [("Q4_K", 0, 24), ("Q4_K", 24, 8), ("Q6_K", 32, 8)]
+    weight = GGUFWeight(40, in_features)
+    dense = torch.empty(40, in_features)
+    for seed, (name, offset, rows) in enumerate(parts):
+        fmt = formats.FORMATS_BY_NAME[name]
+        packed = random_packed(fmt, rows, in_features, seed=seed)
+        weight.add(PackedTensor(packed, fmt.ggml_type, (rows, in_features)), offset)
+        dense[offset:offset + rows] = formats.dequantize(packed, fmt.ggml_type, in_features)
+    assert weight.complete and weight.format_names == ["Q4_K", "Q6_K"]  # q and k merged
+    for num_rows in ROWS:
+        x = torch.randn(num_rows, in_features)
+        assert relative_error(weight.matmul(x), x.double() @ dense.double().t()) <= 1e-5
+    ids = torch.tensor([3, 0, 3])
+    with pytest.raises(ValueError, match="one block format"):
+        weight.rows(ids)
+
+
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch-fallback"])
+def test_row_lookup_of_a_packed_vocabulary(monkeypatch, use_kernel):
+    if not use_kernel:
+        monkeypatch.setattr("engine.quant.gguf_weight.load_kernel", lambda: None)
+    fmt = formats.FORMATS_BY_NAME["Q8_0"]
+    packed = random_packed(fmt, 50, 64)
+    weight = GGUFWeight(50, 64)
+    weight.add(PackedTensor(packed, fmt.ggml_type, (50, 64)), 0)
+    ids = torch.tensor([7, 0, 49, 7])
+    expected = formats.dequantize(packed, fmt.ggml_type, 64)[ids]
+    torch.testing.assert_close(weight.rows(ids), expected, rtol=0, atol=0)
+
+
+def test_block_format_refuses_rows_that_are_not_whole_blocks():
+    with pytest.raises(ValueError, match="multiple of the block size 256"):
+        formats.FORMATS_BY_NAME["Q4_K"].row_bytes(300)
