@@ -23,6 +23,8 @@ class BatchedGroup:
     query_mask: torch.Tensor  # [num_seqs * max_query_len] bool: which padded rows are real
     block_tables: torch.Tensor  # [num_seqs, max_blocks] block ids (padding: block 0)
     attn_mask: torch.Tensor  # [num_seqs, 1, max_query_len, max_blocks * block_size] bool: may attend
+    query_lens: torch.Tensor  # [num_seqs] real query rows of each request
+    context_lens: torch.Tensor  # [num_seqs] tokens of each request in the cache after this step
     num_seqs: int
     max_query_len: int
 
@@ -110,5 +112,6 @@ def _build_batched_group(starts, query_lens, context_lens, block_tables, block_s
     return BatchedGroup(
         token_index=token_index.to(device), query_mask=query_mask.to(device),
         block_tables=tables.to(device), attn_mask=attn_mask.to(device),
+        query_lens=q_lens.view(-1).to(device), context_lens=ctx.view(-1).to(device),
         num_seqs=num_seqs, max_query_len=max_q,
     )

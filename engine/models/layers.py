@@ -8,6 +8,7 @@ from torch import nn
 
 from engine.models.architecture import LlamaArchitecture
 from engine.quant.gguf_weight import GGUFWeight, PackedTensor
+from engine.quant.kernels import cpu_ops_for
 
 # oneDNN tunes a packed weight's blocking for an expected number of rows; 8 suits decode
 # batches and draft verification alike (1, 4 and 16 rows measured within ~10% of their best).
@@ -85,6 +86,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = cpu_ops_for(x)
+        if fused is not None:
+            return fused.rms_norm(x.contiguous(), self.weight, self.eps)
         # Normalise in float32 whatever the weights' dtype, as the reference implementation does.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -103,6 +107,10 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(self, positions, q, k):  # positions [T]; q [T, H, D]; k [T, Hkv, D]
+        fused = cpu_ops_for(q)
+        if fused is not None:  # in place: q and k are fresh views of this step's projection
+            fused.rotary_(q, k, self.cos, self.sin, positions)
+            return q, k
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

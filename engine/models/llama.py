@@ -18,6 +18,7 @@ from engine.attention.torch_backend import paged_attention
 from engine.models.architecture import LlamaArchitecture
 from engine.models.layers import Linear, RMSNorm, RotaryEmbedding
 from engine.quant.gguf_weight import PackedTensor
+from engine.quant.kernels import cpu_ops_for
 
 
 class Attention(nn.Module):
@@ -49,7 +50,11 @@ class MLP(nn.Module):
         self.down_proj = Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        fused = cpu_ops_for(gate_up)
+        if fused is not None:
+            return self.down_proj(fused.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

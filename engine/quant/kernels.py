@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -41,14 +42,34 @@ def load_kernel():
         return None
 
 
+def cpu_ops_for(x):
+    """The extension where its fused float32 CPU ops (cpu_ops.cpp) apply to tensor `x`, else
+    None: other devices and dtypes take the torch path."""
+    if x.device.type != "cpu" or x.dtype != torch_float32():
+        return None
+    return load_kernel()
+
+
+@functools.cache
+def torch_float32():
+    import torch
+
+    return torch.float32
+
+
 def _build(verbose: bool):
     from torch.utils.cpp_extension import load
 
+    # torch finds ninja on PATH; the `ninja` wheel installs it next to this interpreter, which
+    # is not on PATH when a venv's python is run without activating the venv.
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     folder = build_dir()
     folder.mkdir(parents=True, exist_ok=True)
     return load(
         name=EXTENSION_NAME,
-        sources=[str(SOURCE_DIR / "gguf_cpu.cpp")],
+        sources=[str(SOURCE_DIR / "gguf_cpu.cpp"), str(SOURCE_DIR / "cpu_ops.cpp")],
         extra_include_paths=[str(SOURCE_DIR)],
         extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno"],
         # ATen's parallel_for is OpenMP inlined into the caller; the libgomp this links is the one

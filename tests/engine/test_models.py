@@ -126,12 +126,15 @@ def test_missing_weights_and_paths_are_named(tmp_path):
         load_model(str(tmp_path / "empty"), CPU, torch.float32, with_tokenizer=False)
 
 
-def test_default_model_gguf_matches_transformers_gguf(default_model_folder):
-    """The embedded GGUF, dequantized and cached, gives transformers' logits."""
+@pytest.mark.parametrize("quantization", ["none", "gguf"])
+def test_default_model_gguf_matches_transformers_gguf(default_model_folder, quantization):
+    """The embedded GGUF, dequantized and cached (none) or in its native blocks (gguf), gives
+    transformers' logits."""
     from transformers import AutoModelForCausalLM
 
-    ours = load_model(None, CPU, torch.float32)
-    assert ours.folder == default_model_folder
+    ours = load_model(None, CPU, torch.float32, quantization=quantization)
+    if quantization == "none":
+        assert ours.folder == default_model_folder
     hf_model = AutoModelForCausalLM.from_pretrained(default_model_folder, dtype=torch.float32)
     token_ids = ours.tokenizer("The quick brown fox jumps over")["input_ids"]
     with torch.no_grad():

@@ -21,6 +21,8 @@
 #include <cstring>
 #include <vector>
 
+#include "vec_ops.h"
+
 namespace {
 
 // GGML type ids, as GGUF files store them.
@@ -209,6 +211,15 @@ torch::Tensor gguf_dequantize(const torch::Tensor& packed, int64_t type, int64_t
     return out;
 }
 
+VecOps vec_ops() {
+    const int64_t isa = best_isa();
+#ifdef SPECSERVE_HAVE_X86_VARIANTS
+    if (isa == kAvx512) return {isa_avx512::dot_f32, isa_avx512::axpy_f32};
+    if (isa == kAvx2) return {isa_avx2::dot_f32, isa_avx2::axpy_f32};
+#endif
+    return {isa_generic::dot_f32, isa_generic::axpy_f32};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "GGUF block-quantized weight-only matmul on CPU (float32 activations)";
     m.def("matmul_out", &gguf_matmul_out, "out = x @ dequantize(packed)^T", py::arg("x"),
@@ -216,4 +227,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("dequantize", &gguf_dequantize, "dequantize(packed) as float32", py::arg("packed"),
           py::arg("type"), py::arg("in_features"), py::arg("isa") = -1);
     m.def("best_isa", &best_isa, "0 generic, 1 AVX2+FMA, 2 AVX-512");
+    register_cpu_ops(m);
 }

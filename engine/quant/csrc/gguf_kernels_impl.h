@@ -479,3 +479,31 @@ static bool fused_supported(int) { return false; }
 static void fused_range(int, const uint8_t*, int64_t, int64_t, const float*, int64_t,
                         const float*, int64_t, float*, int64_t, int64_t, int64_t) {}
 #endif
+
+// Small float32 vector primitives for the fused attention (cpu_ops.cpp).
+static float dot_f32(const float* a, const float* b, int64_t n) {
+#ifdef GGUF_KERNEL_X86_SIMD
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    float sum = hsum(_mm256_add_ps(acc0, acc1));
+#else
+    float sum = 0.0f;
+    int64_t i = 0;
+#endif
+    for (; i < n; ++i) sum += a[i] * b[i];
+    return sum;
+}
+
+static void axpy_f32(float alpha, const float* x, float* y, int64_t n) {  // y += alpha * x
+    int64_t i = 0;
+#ifdef GGUF_KERNEL_X86_SIMD
+    const __m256 a = _mm256_set1_ps(alpha);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; ++i) y[i] += alpha * x[i];
+}

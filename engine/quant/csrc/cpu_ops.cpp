@@ -1,0 +1,181 @@
+// Fused float32 CPU operations of a decoder layer, for the few-token steps of decoding and
+// verification. At batch 1 a layer's glue (norms, rotary, KV write, attention, SiLU) is ~150
+// small torch ops at a few microseconds of dispatch each, more than its 4-bit matmuls cost;
+// here each is one call. The torch code in engine/models and engine/attention is the reference
+// these are tested against (tests/engine/quant/test_cpu_ops.py) and the path on other devices.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "vec_ops.h"
+
+namespace {
+
+void check_float_rows(const torch::Tensor& t, const char* name) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
+                name, " must be a contiguous CPU float32 tensor");
+}
+
+}  // namespace
+
+// out[t] = weight * x[t] / sqrt(mean(x[t]^2) + eps), in float32 like the reference RMSNorm.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+    check_float_rows(x, "x");
+    check_float_rows(weight, "weight");
+    const int64_t hidden = weight.numel();
+    TORCH_CHECK(x.size(-1) == hidden, "x's last dimension must equal the weight's size");
+    auto out = torch::empty_like(x);
+    const int64_t rows = x.numel() / hidden;
+    const float* xp = x.data_ptr<float>();
+    const float* wp = weight.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = xp + r * hidden;
+        float sum = 0.0f;
+        for (int64_t i = 0; i < hidden; ++i) sum += xr[i] * xr[i];
+        const float inv = 1.0f / std::sqrt(sum / (float)hidden + (float)eps);
+        float* orow = op + r * hidden;
+        for (int64_t i = 0; i < hidden; ++i) orow[i] = wp[i] * (xr[i] * inv);
+    }
+    return out;
+}
+
+// [T, 2I] (gate | up) -> [T, I] silu(gate) * up.
+torch::Tensor silu_mul(const torch::Tensor& gate_up) {
+    check_float_rows(gate_up, "gate_up");
+    const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
+    auto out = torch::empty({rows, width}, gate_up.options());
+    const float* gp = gate_up.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* g = gp + r * 2 * width;
+        const float* u = g + width;
+        float* o = op + r * width;
+        for (int64_t i = 0; i < width; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    }
+    return out;
+}
+
+// In place on q [T, Hq, D] and k [T, Hk, D] (views with unit stride in D): rotary embedding in
+// the two-halves layout, x * cos + rotate_half(x) * sin, cos/sin tables [max_pos, D].
+void rotary_(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& cos,
+             const torch::Tensor& sin, const torch::Tensor& positions) {
+    check_float_rows(cos, "cos");
+    check_float_rows(sin, "sin");
+    TORCH_CHECK(positions.scalar_type() == torch::kLong && positions.is_contiguous(),
+                "positions must be contiguous int64");
+    const int64_t T = q.size(0), D = q.size(2), half = D / 2;
+    const int64_t* pos = positions.data_ptr<int64_t>();
+    const float* cp = cos.data_ptr<float>();
+    const float* sp = sin.data_ptr<float>();
+    for (torch::Tensor* t : {&q, &k}) {
+        TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->stride(2) == 1 && t->size(2) == D,
+                    "q and k must be float32 [T, heads, head_dim] with unit stride in head_dim");
+        float* base = t->data_ptr<float>();
+        const int64_t heads = t->size(1), s0 = t->stride(0), s1 = t->stride(1);
+        for (int64_t i = 0; i < T; ++i) {
+            const float* c = cp + pos[i] * D;
+            const float* s = sp + pos[i] * D;
+            for (int64_t h = 0; h < heads; ++h) {
+                float* x = base + i * s0 + h * s1;
+                for (int64_t j = 0; j < half; ++j) {
+                    const float a = x[j], b = x[j + half];
+                    x[j] = a * c[j] - b * s[j];
+                    x[j + half] = b * c[j + half] + a * s[j + half];
+                }
+            }
+        }
+    }
+}
+
+// Paged attention for requests with a few new tokens each (decode, draft verification).
+// q [T, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hk, D] already holding this step's KV;
+// request s owns query rows token_index[s, :query_lens[s]] at positions
+// context_lens[s] - query_lens[s] + r, and sees keys at positions up to its own.
+// Writes out[token_index[s, r]] for every real row; other rows of out are left untouched.
+void paged_attention_small(const torch::Tensor& q, const torch::Tensor& k_cache,
+                           const torch::Tensor& v_cache, const torch::Tensor& token_index,
+                           const torch::Tensor& query_lens, const torch::Tensor& context_lens,
+                           const torch::Tensor& block_tables, torch::Tensor& out) {
+    check_float_rows(q, "q");
+    check_float_rows(k_cache, "k_cache");
+    check_float_rows(v_cache, "v_cache");
+    check_float_rows(out, "out");
+    for (const torch::Tensor* t : {&token_index, &query_lens, &context_lens, &block_tables})
+        TORCH_CHECK(t->scalar_type() == torch::kLong && t->is_contiguous(),
+                    "index tensors must be contiguous int64");
+    const int64_t num_heads = q.size(1), D = q.size(2);
+    const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t num_seqs = token_index.size(0), max_q = token_index.size(1);
+    const int64_t max_blocks = block_tables.size(1);
+    const float scale = 1.0f / std::sqrt((float)D);
+    const float* qp = q.data_ptr<float>();
+    const float* kp = k_cache.data_ptr<float>();
+    const float* vp = v_cache.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    const int64_t* rows = token_index.data_ptr<int64_t>();
+    const int64_t* qlens = query_lens.data_ptr<int64_t>();
+    const int64_t* ctxs = context_lens.data_ptr<int64_t>();
+    const int64_t* tables = block_tables.data_ptr<int64_t>();
+    const int64_t slot_stride = num_kv_heads * D;  // floats between consecutive cache slots
+    for (int64_t s = 0; s < num_seqs; ++s)
+        TORCH_CHECK(qlens[s] >= 1 && qlens[s] <= max_q && qlens[s] <= ctxs[s] &&
+                        ctxs[s] <= max_blocks * block_size,
+                    "attention metadata of request ", s, " does not fit its tensors");
+    const VecOps ops = vec_ops();
+    at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> scores;
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t s = item / num_kv_heads, kvh = item % num_kv_heads;
+            const int64_t q_len = qlens[s], ctx = ctxs[s];
+            scores.resize(ctx);
+            for (int64_t r = 0; r < q_len; ++r) {
+                const int64_t last = ctx - q_len + r;  // the last key position this row sees
+                const int64_t row = rows[s * max_q + r];
+                for (int64_t g = 0; g < group; ++g) {
+                    const int64_t h = kvh * group + g;
+                    const float* qv = qp + (row * num_heads + h) * D;
+                    float max_score = -std::numeric_limits<float>::infinity();
+                    for (int64_t p = 0; p <= last; ++p) {
+                        const int64_t block = tables[s * max_blocks + p / block_size];
+                        const float* kv = kp + (block * block_size + p % block_size) * slot_stride
+                                          + kvh * D;
+                        scores[p] = ops.dot(qv, kv, D) * scale;
+                        max_score = std::max(max_score, scores[p]);
+                    }
+                    float total = 0.0f;
+                    for (int64_t p = 0; p <= last; ++p) {
+                        scores[p] = std::exp(scores[p] - max_score);
+                        total += scores[p];
+                    }
+                    float* o = op + (row * num_heads + h) * D;
+                    for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
+                    for (int64_t p = 0; p <= last; ++p) {
+                        const int64_t block = tables[s * max_blocks + p / block_size];
+                        const float* vv = vp + (block * block_size + p % block_size) * slot_stride
+                                          + kvh * D;
+                        ops.axpy(scores[p] / total, vv, o, D);
+                    }
+                }
+            }
+        }
+    });
+}
+
+void register_cpu_ops(pybind11::module& m) {
+    m.def("rms_norm", &rms_norm, "weight * x / rms(x)", py::arg("x"), py::arg("weight"),
+          py::arg("eps"));
+    m.def("silu_mul", &silu_mul, "silu(gate) * up of [T, 2I]", py::arg("gate_up"));
+    m.def("rotary_", &rotary_, "rotary embedding in place on q and k", py::arg("q"),
+          py::arg("k"), py::arg("cos"), py::arg("sin"), py::arg("positions"));
+    m.def("paged_attention_small", &paged_attention_small,
+          "paged attention of short queries over the KV cache", py::arg("q"), py::arg("k_cache"),
+          py::arg("v_cache"), py::arg("token_index"), py::arg("query_lens"),
+          py::arg("context_lens"), py::arg("block_tables"), py::arg("out"));
+}

@@ -1,0 +1,104 @@
+"""The fused float32 CPU ops (cpu_ops.cpp) against the torch code they replace on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.attention import torch_backend
+from engine.attention.metadata import build_attention_metadata
+from engine.models import layers
+from engine.models.architecture import LlamaArchitecture
+from engine.quant.kernels import cpu_ops_for, load_kernel
+
+
+@pytest.fixture(scope="module")
+def ops():
+    module = cpu_ops_for(torch.empty(0))
+    if module is None:
+        pytest.skip("the CPU extension is not built")
+    return module
+
+
+def without_fused_ops(monkeypatch, *modules):
+    for module in modules:
+        monkeypatch.setattr(module, "cpu_ops_for", lambda x: None)
+
+
+def test_fused_ops_apply_only_to_cpu_float32():
+    assert cpu_ops_for(torch.empty(0, dtype=torch.bfloat16)) is None
+    assert cpu_ops_for(torch.empty(0)) is load_kernel()
+
+
+def test_rms_norm(ops, monkeypatch):
+    norm = layers.RMSNorm(96, 1e-5)
+    norm.weight.data = torch.randn(96)
+    x = torch.randn(5, 96) * 3
+    fused = norm(x)
+    without_fused_ops(monkeypatch, layers)
+    torch.testing.assert_close(fused, norm(x), rtol=1e-5, atol=1e-5)
+
+
+def test_silu_mul(ops):
+    gate_up = torch.randn(4, 2 * 40) * 4
+    gate, up = gate_up.split(40, dim=-1)
+    torch.testing.assert_close(ops.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+
+
+def _arch(num_heads=6, num_kv_heads=2, head_dim=16) -> LlamaArchitecture:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=num_heads * head_dim, num_attention_heads=num_heads,
+                         num_key_value_heads=num_kv_heads, num_hidden_layers=1,
+                         intermediate_size=32, vocab_size=64, max_position_embeddings=128)
+    return LlamaArchitecture.from_hf_config(config)
+
+
+def test_rotary_in_place_on_views_of_one_projection(ops, monkeypatch):
+    arch = _arch()
+    rotary = layers.RotaryEmbedding(arch)
+    positions = torch.tensor([0, 5, 6, 127])
+    qkv = torch.randn(4, (6 + 2 + 2) * 16)
+    q, k, _v = qkv.clone().split([96, 32, 32], dim=-1)
+    q, k = q.view(4, 6, 16), k.view(4, 2, 16)
+    fused_q, fused_k = rotary(positions, q, k)
+    without_fused_ops(monkeypatch, layers)
+    ref_q, ref_k = qkv.split([96, 32, 32], dim=-1)[:2]
+    expected_q, expected_k = rotary(positions, ref_q.reshape(4, 6, 16), ref_k.reshape(4, 2, 16))
+    torch.testing.assert_close(fused_q, expected_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused_k, expected_k, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("query_lens", [[1], [1, 1, 1], [3, 1, 6], [2, 40, 1]])
+def test_paged_attention_of_short_queries(ops, monkeypatch, query_lens):
+    """Decode rows, verify rows and a prefill chunk in one batch, over shuffled blocks with GQA:
+    the fused attention equals the torch path row for row."""
+    gen = torch.Generator().manual_seed(len(query_lens))
+    num_heads, num_kv_heads, head_dim, block_size = 6, 2, 16, 4
+    context_lens = [q + extra for q, extra in zip(query_lens, [7, 0, 12])]
+    block_ids = torch.randperm(40, generator=gen).tolist()
+    tables, used = [], 0
+    for ctx in context_lens:
+        n = -(-ctx // block_size)
+        tables.append(block_ids[used:used + n])
+        used += n
+    k_cache = torch.randn(40, block_size, num_kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(40, block_size, num_kv_heads, head_dim, generator=gen)
+    num_tokens = sum(query_lens)
+    q = torch.randn(num_tokens, num_heads, head_dim, generator=gen)
+    k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
+    v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=gen)
+    meta = build_attention_metadata(query_lens, context_lens, tables, block_size, q.device)
+    fused = torch_backend.paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), meta)
+    without_fused_ops(monkeypatch, torch_backend)
+    expected = torch_backend.paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), meta)
+    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_attention_refuses_metadata_beyond_its_tables(ops):
+    q = torch.randn(1, 2, 8)
+    cache = torch.zeros(2, 4, 1, 8)
+    with pytest.raises(RuntimeError, match="does not fit"):
+        ops.paged_attention_small(q, cache, cache, torch.tensor([[0]]), torch.tensor([1]),
+                                  torch.tensor([9]), torch.tensor([[0, 1]]), torch.empty_like(q))
