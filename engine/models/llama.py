@@ -82,7 +82,10 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(arch) for _ in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = Linear(arch.hidden_size, arch.vocab_size)
-        self.rotary = RotaryEmbedding(arch)
+        # Tables computed on CPU even under a meta-device context: torch's meta implementation of
+        # arange imports sympy (~40 MB of resident memory) for nothing.
+        with torch.device("cpu"):
+            self.rotary = RotaryEmbedding(arch)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
         if self.embed_tokens is None:

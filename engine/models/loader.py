@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -171,23 +172,28 @@ def iter_checkpoint_tensors(folder: Path):
 def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
                with_tokenizer: bool = True, quantization: str = "auto") -> LoadedModel:
     """Loads weights (and, unless told not to, the tokenizer) of a Llama-family model."""
-    from transformers import AutoConfig, AutoTokenizer
-
     path, name = locate_model(model)
     native = keeps_gguf_blocks(path, device, dtype, quantization)
     if native:
         folder = gguf_native.metadata_folder(path, cache_dir())
     else:
+        from transformers import AutoConfig, AutoTokenizer
+
         folder = gguf_to_folder(path) if path.is_file() else path
-    hf_config = AutoConfig.from_pretrained(folder)
+    hf_config = gguf_native.read_config(folder) if native else AutoConfig.from_pretrained(folder)
     arch = LlamaArchitecture.from_hf_config(hf_config)
-    with torch.device("meta"):
+    if native:
+        # Built on CPU directly (the meta device's to_empty imports sympy: ~40 MB resident). Its
+        # float weights are torch.empty, pages never touched, and the projections kept in GGUF
+        # blocks drop theirs at once.
         llama = LlamaForCausalLM(arch)
-    if native:  # before any storage exists: packed layers never get a float32 weight
         llama.keep_in_blocks(name for name, type_name in gguf_native.gguf_types(path).items()
                              if gguf_native.packable(type_name))
-    llama = llama.to_empty(device=device)
-    llama.rotary = type(llama.rotary)(arch).to(device)  # buffers are computed, not loaded
+    else:
+        with torch.device("meta"):
+            llama = LlamaForCausalLM(arch)
+        llama = llama.to_empty(device=device)
+        llama.rotary = type(llama.rotary)(arch).to(device)  # buffers are computed, not loaded
     llama.load_weights(gguf_native.read_tensors(path, hf_config) if native
                        else iter_checkpoint_tensors(folder))
     llama = llama.to(dtype).eval()
@@ -195,7 +201,10 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
     if native:
         logger.info("%s: GGUF blocks kept (%s), %.0f MB of packed weights", name,
                     ", ".join(llama.gguf_format_names()), llama.gguf_bytes() / 1e6)
-    tokenizer = AutoTokenizer.from_pretrained(folder) if with_tokenizer else None
+    tokenizer = None
+    if with_tokenizer:
+        tokenizer = gguf_native.load_tokenizer(folder) if native \
+            else AutoTokenizer.from_pretrained(folder)
     return LoadedModel(
         model=llama, tokenizer=tokenizer, hf_config=hf_config,
         eos_token_ids=_eos_token_ids(folder, hf_config, tokenizer), name=name, folder=folder,
@@ -206,12 +215,10 @@ def _eos_token_ids(folder: Path, hf_config, tokenizer) -> frozenset[int]:
     """EOS ids from the model config, its generation config and the tokenizer, merged."""
     ids: set[int] = set()
     sources = [getattr(hf_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)]
-    try:
-        from transformers import GenerationConfig
-
-        sources.append(GenerationConfig.from_pretrained(folder).eos_token_id)
-    except OSError:
-        pass  # no generation_config.json
+    generation_config = folder / "generation_config.json"
+    if generation_config.is_file():  # read as JSON: transformers' class imports a lot (see
+        with open(generation_config) as file:  # gguf_native.read_config)
+            sources.append(json.load(file).get("eos_token_id"))
     for value in sources:
         if isinstance(value, int):
             ids.add(value)
