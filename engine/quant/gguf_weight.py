@@ -80,10 +80,13 @@ class GGUFWeight:
         return [p.fmt.name for p in self.parts]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out] float32
+        kernel = load_kernel()
+        if kernel is not None and len(self.parts) == 1 and x.dtype == torch.float32:
+            part = self.parts[0]
+            return kernel.matmul(x, part.packed, part.fmt.ggml_type)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).float().contiguous()  # [N, in]
         out = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32, device=x.device)
-        kernel = load_kernel()
         for part in self.parts:
             target = out.narrow(1, part.out_offset, part.rows)
             if kernel is not None:

@@ -35,7 +35,8 @@ def test_cells_group_every_server_by_workload_and_concurrency():
 
 def test_table_shows_rates_ratios_to_llamacpp_tokens_and_failures():
     offline = {"max_tokens": 128, "repeats": 2, "results": {
-        "ours/none": {"code": {"tokens_per_s": 17.0}}, "hf/plain": {"code": {"tokens_per_s": 14.5}}}}
+        "ours/none": {"code": {"tokens_per_s": 17.0}},
+        "hf/plain": {"code": {"tokens_per_s": 14.5}}}}
     lines = summary_lines(serve_report(), offline)
     row_1 = next(line for line in lines if line.startswith("code") and line.split()[1] == "1")
     row_16 = next(line for line in lines if line.startswith("code") and line.split()[1] == "16")

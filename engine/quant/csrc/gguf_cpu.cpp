@@ -184,6 +184,17 @@ void gguf_matmul_out(const torch::Tensor& x, const torch::Tensor& packed, int64_
     });
 }
 
+// x [..., K] @ dequantize(packed)^T -> [..., M]: the one-call form a projection stored in a
+// single format uses (every Python-side tensor op costs microseconds at batch 1).
+torch::Tensor gguf_matmul(const torch::Tensor& x, const torch::Tensor& packed, int64_t type) {
+    const auto x2 = x.reshape({-1, x.size(-1)}).contiguous();
+    auto out = torch::empty({x2.size(0), packed.size(0)}, x.options());
+    gguf_matmul_out(x2, packed, type, out, kAuto);
+    auto shape = x.sizes().vec();
+    shape.back() = packed.size(0);
+    return out.view(shape);
+}
+
 // The float32 [rows, in_features] matrix a packed one stands for (tests, embeddings).
 torch::Tensor gguf_dequantize(const torch::Tensor& packed, int64_t type, int64_t in_features,
                               int64_t isa) {
@@ -224,6 +235,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "GGUF block-quantized weight-only matmul on CPU (float32 activations)";
     m.def("matmul_out", &gguf_matmul_out, "out = x @ dequantize(packed)^T", py::arg("x"),
           py::arg("packed"), py::arg("type"), py::arg("out"), py::arg("isa") = -1);
+    m.def("matmul", &gguf_matmul, "x @ dequantize(packed)^T", py::arg("x"), py::arg("packed"),
+          py::arg("type"));
     m.def("dequantize", &gguf_dequantize, "dequantize(packed) as float32", py::arg("packed"),
           py::arg("type"), py::arg("in_features"), py::arg("isa") = -1);
     m.def("best_isa", &best_isa, "0 generic, 1 AVX2+FMA, 2 AVX-512");

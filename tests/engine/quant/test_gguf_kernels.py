@@ -158,3 +158,18 @@ def test_row_lookup_of_a_packed_vocabulary(monkeypatch, use_kernel):
 def test_block_format_refuses_rows_that_are_not_whole_blocks():
     with pytest.raises(ValueError, match="multiple of the block size 256"):
         formats.FORMATS_BY_NAME["Q4_K"].row_bytes(300)
+
+
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch-fallback"])
+def test_single_format_weight_keeps_leading_dimensions(monkeypatch, use_kernel):
+    if not use_kernel:
+        monkeypatch.setattr("engine.quant.gguf_weight.load_kernel", lambda: None)
+    fmt = formats.FORMATS_BY_NAME["Q4_0"]
+    packed = random_packed(fmt, 30, 96)
+    weight = GGUFWeight(30, 96)
+    weight.add(PackedTensor(packed, fmt.ggml_type, (30, 96)), 0)
+    x = torch.randn(2, 3, 96)
+    expected = x.double() @ formats.dequantize(packed, fmt.ggml_type, 96).double().t()
+    out = weight.matmul(x)
+    assert out.shape == (2, 3, 30)
+    assert relative_error(out, expected) <= 1e-5
