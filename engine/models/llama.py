@@ -70,6 +70,27 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), positions, rotary, k_cache, v_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def fused_weights(self) -> tuple | None:
+        """This layer's weights as the fused CPU layer (cpu_ops.cpp `decoder_layer`) takes them,
+        or None where it does not apply: a projection not in one GGUF block format, or MLP
+        biases. Fixed once the weights are loaded."""
+        if not hasattr(self, "_fused_weights"):
+            attn, mlp = self.self_attn, self.mlp
+            projections = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+            single = all(p.gguf is not None and len(p.gguf.parts) == 1 for p in projections)
+            self._fused_weights = None
+            if single and mlp.gate_up_proj.bias is None and mlp.down_proj.bias is None:
+                (qkv,), (o,), (gate_up,), (down,) = (p.gguf.parts for p in projections)
+                self._fused_weights = (
+                    self.input_layernorm.weight.detach(),
+                    self.post_attention_layernorm.weight.detach(),
+                    self.input_layernorm.eps,
+                    qkv.packed, qkv.fmt.ggml_type, _detached(attn.qkv_proj.bias),
+                    o.packed, o.fmt.ggml_type, _detached(attn.o_proj.bias),
+                    gate_up.packed, gate_up.fmt.ggml_type, down.packed, down.fmt.ggml_type,
+                )
+        return self._fused_weights
+
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, arch: LlamaArchitecture):
@@ -110,10 +131,27 @@ class LlamaForCausalLM(nn.Module):
         layer_ids: Sequence[int] | None = None,  # None: all layers
     ) -> torch.Tensor:  # [num_logits, vocab] float32
         x = self.embed(input_ids)
-        for i in range(self.arch.num_layers) if layer_ids is None else layer_ids:
-            k_cache, v_cache = kv_caches[i]
-            x = self.layers[i](x, positions, self.rotary, k_cache, v_cache, meta)
+        layers = range(self.arch.num_layers) if layer_ids is None else layer_ids
+        fused = cpu_ops_for(x)
+        if fused is not None and not meta.chunks and meta.batched is not None \
+                and all(self.layers[i].fused_weights() is not None for i in layers):
+            self._fused_decode(fused, x, positions, kv_caches, meta, layers)
+        else:
+            for i in layers:
+                k_cache, v_cache = kv_caches[i]
+                x = self.layers[i](x, positions, self.rotary, k_cache, v_cache, meta)
         return self.lm_head(self.norm(x[logits_indices])).float()
+
+    def _fused_decode(self, fused, x, positions, kv_caches, meta, layers) -> None:
+        """A decode/verify step's layers as one compiled call each, in place on x."""
+        a, group = self.arch, meta.batched
+        positions = positions.contiguous()
+        for i in layers:
+            k_cache, v_cache = kv_caches[i]
+            fused.decoder_layer(
+                x, positions, *self.layers[i].fused_weights(), self.rotary.cos, self.rotary.sin,
+                k_cache, v_cache, meta.slot_mapping, group.token_index, group.query_lens,
+                group.context_lens, group.block_tables, a.num_heads, a.num_kv_heads, a.head_dim)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face-named tensors into this model, fusing q/k/v and gate/up.
@@ -198,6 +236,10 @@ class LlamaForCausalLM(nn.Module):
             layer_prefix = prefix.rpartition(".")[0]
             return f"{layer_prefix}.{fused}", offset, f"#{parent_leaf}"
         return module_name, 0, ""
+
+
+def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach()
 
 
 def _parts_of(param_name: str) -> list[str]:

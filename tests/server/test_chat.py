@@ -47,7 +47,12 @@ def test_stream_carries_the_role_first_then_finish_then_usage(client, server):
     assert all(c.choices[0].finish_reason is None for c in content)
     text = "".join(c.choices[0].delta.content or "" for c in content)
     assert text == whole.choices[0].message.content
-    assert usage_chunk.choices == [] and usage_chunk.usage == whole.usage
+    assert usage_chunk.choices == []
+    # Token counts match; the speculation counts under usage.speculative need not: the adaptive
+    # controller drafts by measured step times, which differ between the two requests.
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [getattr(usage_chunk.usage, n) for n in counts] == [getattr(whole.usage, n)
+                                                                for n in counts]
 
 
 def test_stream_without_usage_ends_with_done(server):

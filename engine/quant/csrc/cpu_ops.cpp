@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -168,7 +169,66 @@ void paged_attention_small(const torch::Tensor& q, const torch::Tensor& k_cache,
     });
 }
 
+// One decoder layer of a decode or verify step, in place on the residual stream x [T, hidden]:
+//   x += o_proj(attention(rotary(qkv_proj(rms_norm(x)))))
+//   x += down_proj(silu_mul(gate_up_proj(rms_norm(x))))
+// with every projection a single-format GGUF weight. The same arithmetic as the Python layer
+// over the functions above, minus ~30 tensor ops and module calls of Python dispatch per layer.
+// Valid when every request of the step is in the short-query group (no prefill chunk).
+void decoder_layer(torch::Tensor& x, const torch::Tensor& positions,
+                   const torch::Tensor& input_norm, const torch::Tensor& post_attention_norm,
+                   double eps, const torch::Tensor& qkv, int64_t qkv_type,
+                   const c10::optional<torch::Tensor>& qkv_bias, const torch::Tensor& o,
+                   int64_t o_type, const c10::optional<torch::Tensor>& o_bias,
+                   const torch::Tensor& gate_up, int64_t gate_up_type, const torch::Tensor& down,
+                   int64_t down_type, const torch::Tensor& cos, const torch::Tensor& sin,
+                   const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                   const torch::Tensor& slot_mapping, const torch::Tensor& token_index,
+                   const torch::Tensor& query_lens, const torch::Tensor& context_lens,
+                   const torch::Tensor& block_tables, int64_t num_heads, int64_t num_kv_heads,
+                   int64_t head_dim) {
+    check_float_rows(x, "x");
+    const int64_t T = x.size(0);
+    const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+    TORCH_CHECK(slot_mapping.scalar_type() == torch::kLong && slot_mapping.is_contiguous() &&
+                    slot_mapping.numel() == T,
+                "slot_mapping must be contiguous int64 with one slot per token");
+    TORCH_CHECK(k_cache.size(2) == num_kv_heads && k_cache.size(3) == head_dim,
+                "KV cache shape does not match the heads");
+
+    auto projected = gguf_matmul(rms_norm(x, input_norm, eps), qkv, qkv_type);  // [T, q+2kv]
+    if (qkv_bias) projected.add_(*qkv_bias);
+    auto q = projected.narrow(1, 0, q_size).view({T, num_heads, head_dim});
+    auto k = projected.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
+    rotary_(q, k, cos, sin, positions);
+
+    // The new tokens' keys and values into their cache slots.
+    const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+    const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+    float* k_base = k_cache.data_ptr<float>();
+    float* v_base = v_cache.data_ptr<float>();
+    const float* rows = projected.data_ptr<float>();
+    const int64_t row_stride = projected.size(1);
+    for (int64_t t = 0; t < T; ++t) {
+        TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
+        const float* row = rows + t * row_stride;
+        std::memcpy(k_base + slots[t] * kv_size, row + q_size, kv_size * sizeof(float));
+        std::memcpy(v_base + slots[t] * kv_size, row + q_size + kv_size, kv_size * sizeof(float));
+    }
+
+    auto attended = torch::empty({T, num_heads, head_dim}, x.options());
+    paged_attention_small(q.contiguous(), k_cache, v_cache, token_index, query_lens,
+                          context_lens, block_tables, attended);
+    auto attention_out = gguf_matmul(attended.view({T, q_size}), o, o_type);
+    if (o_bias) attention_out.add_(*o_bias);
+    x.add_(attention_out);
+
+    auto mlp_in = rms_norm(x, post_attention_norm, eps);
+    x.add_(gguf_matmul(silu_mul(gguf_matmul(mlp_in, gate_up, gate_up_type)), down, down_type));
+}
+
 void register_cpu_ops(pybind11::module& m) {
+    m.def("decoder_layer", &decoder_layer, "one fused decoder layer of a decode/verify step");
     m.def("rms_norm", &rms_norm, "weight * x / rms(x)", py::arg("x"), py::arg("weight"),
           py::arg("eps"));
     m.def("silu_mul", &silu_mul, "silu(gate) * up of [T, 2I]", py::arg("gate_up"));

@@ -251,6 +251,32 @@ struct Unit {
     }
 };
 
+// One unit's contribution to NR activation rows, into acc / offset_sum.
+template <int TYPE, int NR>
+static inline void fused_unit(const uint8_t* row, int64_t u, const float* x, int64_t x_stride,
+                              const float* x_block_sums, int64_t num_subs, __m256* acc,
+                              float* offset_sum) {
+    using U = Unit<TYPE>;
+    __m256 q[8];
+    float scale[2], offset[2];
+    U::load(row, u, q, scale, offset);
+    for (int s = 0; s < U::SUBS; ++s) {
+        const int64_t sub = u * U::SUBS + s;
+        const __m256 sc = _mm256_set1_ps(scale[s]);
+        for (int n = 0; n < NR; ++n) {
+            const float* xs = x + n * x_stride + sub * 32;
+            __m256 t = _mm256_mul_ps(q[4 * s], _mm256_loadu_ps(xs));
+            t = _mm256_fmadd_ps(q[4 * s + 1], _mm256_loadu_ps(xs + 8), t);
+            t = _mm256_fmadd_ps(q[4 * s + 2], _mm256_loadu_ps(xs + 16), t);
+            t = _mm256_fmadd_ps(q[4 * s + 3], _mm256_loadu_ps(xs + 24), t);
+            acc[n] = _mm256_fmadd_ps(t, sc, acc[n]);
+            if (U::HAS_OFFSET) offset_sum[n] += offset[s] * x_block_sums[n * num_subs + sub];
+        }
+    }
+}
+
+// Units alternate between two sets of accumulators: the loop-carried FMA chain of one set
+// would otherwise bound a row at one unit per FMA latency.
 template <int TYPE, int NR>
 static void fused_rows(const uint8_t* packed, int64_t row_bytes, int64_t K, const float* x,
                        int64_t x_stride, const float* x_block_sums, float* y, int64_t y_stride,
@@ -259,31 +285,21 @@ static void fused_rows(const uint8_t* packed, int64_t row_bytes, int64_t K, cons
     const int64_t num_subs = K / 32, num_units = num_subs / U::SUBS;
     for (int64_t r = row_begin; r < row_end; ++r) {
         const uint8_t* row = packed + r * row_bytes;
-        __m256 acc[NR];
-        float offset_sum[NR];
+        __m256 acc0[NR], acc1[NR];
+        float offset0[NR], offset1[NR];
         for (int n = 0; n < NR; ++n) {
-            acc[n] = _mm256_setzero_ps();
-            offset_sum[n] = 0.0f;
+            acc0[n] = acc1[n] = _mm256_setzero_ps();
+            offset0[n] = offset1[n] = 0.0f;
         }
-        for (int64_t u = 0; u < num_units; ++u) {
-            __m256 q[8];
-            float scale[2], offset[2];
-            U::load(row, u, q, scale, offset);
-            for (int s = 0; s < U::SUBS; ++s) {
-                const int64_t sub = u * U::SUBS + s;
-                const __m256 sc = _mm256_set1_ps(scale[s]);
-                for (int n = 0; n < NR; ++n) {
-                    const float* xs = x + n * x_stride + sub * 32;
-                    __m256 t = _mm256_mul_ps(q[4 * s], _mm256_loadu_ps(xs));
-                    t = _mm256_fmadd_ps(q[4 * s + 1], _mm256_loadu_ps(xs + 8), t);
-                    t = _mm256_fmadd_ps(q[4 * s + 2], _mm256_loadu_ps(xs + 16), t);
-                    t = _mm256_fmadd_ps(q[4 * s + 3], _mm256_loadu_ps(xs + 24), t);
-                    acc[n] = _mm256_fmadd_ps(t, sc, acc[n]);
-                    if (U::HAS_OFFSET) offset_sum[n] += offset[s] * x_block_sums[n * num_subs + sub];
-                }
-            }
+        int64_t u = 0;
+        for (; u + 2 <= num_units; u += 2) {
+            fused_unit<TYPE, NR>(row, u, x, x_stride, x_block_sums, num_subs, acc0, offset0);
+            fused_unit<TYPE, NR>(row, u + 1, x, x_stride, x_block_sums, num_subs, acc1, offset1);
         }
-        for (int n = 0; n < NR; ++n) y[n * y_stride + r] = hsum(acc[n]) + offset_sum[n];
+        if (u < num_units)
+            fused_unit<TYPE, NR>(row, u, x, x_stride, x_block_sums, num_subs, acc0, offset0);
+        for (int n = 0; n < NR; ++n)
+            y[n * y_stride + r] = hsum(_mm256_add_ps(acc0[n], acc1[n])) + offset0[n] + offset1[n];
     }
 }
 

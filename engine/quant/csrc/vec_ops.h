@@ -13,3 +13,6 @@ struct VecOps {
 
 VecOps vec_ops();
 void register_cpu_ops(pybind11::module& m);
+
+// gguf_cpu.cpp's single-format projection, for the fused decoder layer in cpu_ops.cpp.
+torch::Tensor gguf_matmul(const torch::Tensor& x, const torch::Tensor& packed, int64_t type);

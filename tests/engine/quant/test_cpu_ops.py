@@ -102,3 +102,32 @@ def test_paged_attention_refuses_metadata_beyond_its_tables(ops):
     with pytest.raises(RuntimeError, match="does not fit"):
         ops.paged_attention_small(q, cache, cache, torch.tensor([[0]]), torch.tensor([1]),
                                   torch.tensor([9]), torch.tensor([[0, 1]]), torch.empty_like(q))
+
+
+@pytest.mark.slow
+def test_fused_decoder_layer_equals_the_python_layers(ops, monkeypatch, default_llm):
+    """Decode steps of the default model through the one-call fused layers and through the
+    Python layers: the same tokens and log-probabilities (to float32 rounding)."""
+    from engine import SamplingParams
+    from engine.models.llama import DecoderLayer
+
+    params = SamplingParams(max_tokens=12, temperature=0, logprobs=0)
+    prompts = ["The capital of France is", "def add(a, b):\n    return"]
+    calls = []
+    monkeypatch.setattr(type(default_llm.engine.runner.model), "_fused_decode",
+                        _counting(calls, type(default_llm.engine.runner.model)._fused_decode))
+    fused = default_llm.generate(prompts, params)
+    assert calls, "the fused layer path never ran"
+    monkeypatch.setattr(DecoderLayer, "fused_weights", lambda self: None)
+    python = default_llm.generate(prompts, params)
+    for a, b in zip(fused, python):
+        assert a.token_ids == b.token_ids
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+
+
+def _counting(calls, method):
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        return method(*args, **kwargs)
+    return wrapper
