@@ -130,7 +130,13 @@ void paged_attention_small(const torch::Tensor& q, const torch::Tensor& k_cache,
                         ctxs[s] <= max_blocks * block_size,
                     "attention metadata of request ", s, " does not fit its tensors");
     const VecOps ops = vec_ops();
-    at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    // Waking the second thread costs tens of microseconds here: worth it only for enough work
+    // (query rows x keys), not for a batch-1 decode over a short context.
+    int64_t work = 0;
+    for (int64_t s = 0; s < num_seqs; ++s) work += qlens[s] * ctxs[s] * group;
+    const int64_t items = num_seqs * num_kv_heads;
+    const int64_t grain = work < 32768 ? items : 1;
+    at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
         std::vector<float> scores;
         for (int64_t item = begin; item < end; ++item) {
             const int64_t s = item / num_kv_heads, kvh = item % num_kv_heads;

@@ -14,6 +14,8 @@
 
 #include <ATen/Parallel.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -120,8 +122,22 @@ void check_packed(const torch::Tensor& packed, int64_t type, int64_t in_features
 
 // out[N, M] = x[N, K] @ dequantize(packed)^T. `out` may be a column slice of a wider tensor (its
 // row stride is honoured), so projections fused from parts of different types share one output.
+// Wall time spent in matmul_out, for benchmarks/step_breakdown.py (two clock reads a call).
+std::atomic<int64_t> g_matmul_ns{0};
+std::atomic<int64_t> g_matmul_calls{0};
+
+struct MatmulTimer {
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    ~MatmulTimer() {
+        g_matmul_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - start).count();
+        ++g_matmul_calls;
+    }
+};
+
 void gguf_matmul_out(const torch::Tensor& x, const torch::Tensor& packed, int64_t type,
                      torch::Tensor& out, int64_t isa) {
+    MatmulTimer timer;
     const int64_t K = x.size(-1);
     BlockFormat format;
     check_packed(packed, type, K, &format);
@@ -240,5 +256,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("dequantize", &gguf_dequantize, "dequantize(packed) as float32", py::arg("packed"),
           py::arg("type"), py::arg("in_features"), py::arg("isa") = -1);
     m.def("best_isa", &best_isa, "0 generic, 1 AVX2+FMA, 2 AVX-512");
+    m.def("matmul_time", []() {
+        return std::make_pair(g_matmul_calls.load(), g_matmul_ns.load() * 1e-9);
+    }, "(calls, seconds) spent in matmul so far, process-wide");
     register_cpu_ops(m);
 }
