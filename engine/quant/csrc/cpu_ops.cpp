@@ -233,14 +233,16 @@ void decoder_layer(torch::Tensor& x, const torch::Tensor& positions,
     x.add_(gguf_matmul(silu_mul(gguf_matmul(mlp_in, gate_up, gate_up_type)), down, down_type));
 }
 
+// Every function below releases the GIL while it runs (they touch no Python object): the
+// server's event loop thread streams tokens while the engine thread is in a layer.
 void register_cpu_ops(pybind11::module& m) {
-    m.def("decoder_layer", &decoder_layer, "one fused decoder layer of a decode/verify step");
-    m.def("rms_norm", &rms_norm, "weight * x / rms(x)", py::arg("x"), py::arg("weight"),
+    m.def("decoder_layer", &decoder_layer, py::call_guard<py::gil_scoped_release>(), "one fused decoder layer of a decode/verify step");
+    m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "weight * x / rms(x)", py::arg("x"), py::arg("weight"),
           py::arg("eps"));
-    m.def("silu_mul", &silu_mul, "silu(gate) * up of [T, 2I]", py::arg("gate_up"));
-    m.def("rotary_", &rotary_, "rotary embedding in place on q and k", py::arg("q"),
+    m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up of [T, 2I]", py::arg("gate_up"));
+    m.def("rotary_", &rotary_, py::call_guard<py::gil_scoped_release>(), "rotary embedding in place on q and k", py::arg("q"),
           py::arg("k"), py::arg("cos"), py::arg("sin"), py::arg("positions"));
-    m.def("paged_attention_small", &paged_attention_small,
+    m.def("paged_attention_small", &paged_attention_small, py::call_guard<py::gil_scoped_release>(),
           "paged attention of short queries over the KV cache", py::arg("q"), py::arg("k_cache"),
           py::arg("v_cache"), py::arg("token_index"), py::arg("query_lens"),
           py::arg("context_lens"), py::arg("block_tables"), py::arg("out"));

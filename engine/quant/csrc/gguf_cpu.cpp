@@ -38,6 +38,10 @@ constexpr int kFusedRows = 4;  // activation rows one pass of the fused path ser
 // Up to this many activation rows the fused path is faster (measured: benchmarks/gguf_kernels.py);
 // above it dequantizing each weight once into L1 and reusing it for every row wins.
 constexpr int64_t kFusedMaxRows = 8;
+// From this many activation rows (prefill chunks, large batches) the weight is dequantized to a
+// float32 scratch matrix once and multiplied by torch's GEMM (MKL / oneDNN), whose blocking our
+// row-tile loop cannot match at that size.
+constexpr int64_t kGemmMinRows = 48;
 
 struct BlockFormat {
     int64_t block_size;   // weights per block
@@ -122,6 +126,9 @@ void check_packed(const torch::Tensor& packed, int64_t type, int64_t in_features
 
 // out[N, M] = x[N, K] @ dequantize(packed)^T. `out` may be a column slice of a wider tensor (its
 // row stride is honoured), so projections fused from parts of different types share one output.
+torch::Tensor gguf_dequantize(const torch::Tensor& packed, int64_t type, int64_t in_features,
+                              int64_t isa);
+
 // Wall time spent in matmul_out, for benchmarks/step_breakdown.py (two clock reads a call).
 std::atomic<int64_t> g_matmul_ns{0};
 std::atomic<int64_t> g_matmul_calls{0};
@@ -150,6 +157,11 @@ void gguf_matmul_out(const torch::Tensor& x, const torch::Tensor& packed, int64_
     const int64_t N = x.size(0), M = packed.size(0), num_blocks = K / format.block_size;
     if (N == 0 || M == 0) return;
     const int64_t chosen = resolve_isa(isa);
+    if (N >= kGemmMinRows) {
+        const auto weight = gguf_dequantize(packed, type, K, chosen);  // [M, K]
+        at::mm_out(out, x, weight.t());
+        return;
+    }
     const uint8_t* packed_ptr = packed.data_ptr<uint8_t>();
     const float* x_ptr = x.data_ptr<float>();
     float* out_ptr = out.data_ptr<float>();
@@ -249,11 +261,11 @@ VecOps vec_ops() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "GGUF block-quantized weight-only matmul on CPU (float32 activations)";
-    m.def("matmul_out", &gguf_matmul_out, "out = x @ dequantize(packed)^T", py::arg("x"),
+    m.def("matmul_out", &gguf_matmul_out, py::call_guard<py::gil_scoped_release>(), "out = x @ dequantize(packed)^T", py::arg("x"),
           py::arg("packed"), py::arg("type"), py::arg("out"), py::arg("isa") = -1);
-    m.def("matmul", &gguf_matmul, "x @ dequantize(packed)^T", py::arg("x"), py::arg("packed"),
+    m.def("matmul", &gguf_matmul, py::call_guard<py::gil_scoped_release>(), "x @ dequantize(packed)^T", py::arg("x"), py::arg("packed"),
           py::arg("type"));
-    m.def("dequantize", &gguf_dequantize, "dequantize(packed) as float32", py::arg("packed"),
+    m.def("dequantize", &gguf_dequantize, py::call_guard<py::gil_scoped_release>(), "dequantize(packed) as float32", py::arg("packed"),
           py::arg("type"), py::arg("in_features"), py::arg("isa") = -1);
     m.def("best_isa", &best_isa, "0 generic, 1 AVX2+FMA, 2 AVX-512");
     m.def("matmul_time", []() {

@@ -98,11 +98,12 @@ def test_kernel_matmul_equals_dequantized_product(kernel, fmt, num_rows):
         assert relative_error(out, expected) <= 1e-5, (fmt.name, num_rows, isa)
 
 
-def test_kernel_writes_into_a_column_slice_and_nowhere_else(kernel):
+@pytest.mark.parametrize("num_rows", [3, 64], ids=["row-kernel", "dequantize-then-gemm"])
+def test_kernel_writes_into_a_column_slice_and_nowhere_else(kernel, num_rows):
     fmt = formats.FORMATS_BY_NAME["Q4_1"]
     packed = random_packed(fmt, 9, 64)
-    x = torch.randn(3, 64)
-    out = torch.zeros(3, 20)
+    x = torch.randn(num_rows, 64)
+    out = torch.zeros(num_rows, 20)
     kernel.matmul_out(x, packed, fmt.ggml_type, out.narrow(1, 5, 9))
     expected = x.double() @ formats.dequantize(packed, fmt.ggml_type, 64).double().t()
     assert relative_error(out[:, 5:14], expected) <= 1e-5
