@@ -111,6 +111,9 @@ def test_fused_decoder_layer_equals_the_python_layers(ops, monkeypatch, default_
     from engine import SamplingParams
     from engine.models.llama import DecoderLayer
 
+    if default_llm.engine.device.type != "cpu":
+        pytest.skip("the fused layers are CPU float32 code; the default engine runs elsewhere")
+
     params = SamplingParams(max_tokens=12, temperature=0, logprobs=0)
     prompts = ["The capital of France is", "def add(a, b):\n    return"]
     calls = []
