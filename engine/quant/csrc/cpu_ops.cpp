@@ -53,12 +53,9 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
     auto out = torch::empty({rows, width}, gate_up.options());
     const float* gp = gate_up.data_ptr<float>();
     float* op = out.data_ptr<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-        const float* g = gp + r * 2 * width;
-        const float* u = g + width;
-        float* o = op + r * width;
-        for (int64_t i = 0; i < width; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    }
+    const VecOps ops = vec_ops();
+    for (int64_t r = 0; r < rows; ++r)
+        ops.silu_mul_row(gp + r * 2 * width, gp + r * 2 * width + width, op + r * width, width);
     return out;
 }
 
@@ -141,35 +138,14 @@ void paged_attention_small(const torch::Tensor& q, const torch::Tensor& k_cache,
         for (int64_t item = begin; item < end; ++item) {
             const int64_t s = item / num_kv_heads, kvh = item % num_kv_heads;
             const int64_t q_len = qlens[s], ctx = ctxs[s];
-            scores.resize(ctx);
+            scores.resize(group * ctx);
             for (int64_t r = 0; r < q_len; ++r) {
-                const int64_t last = ctx - q_len + r;  // the last key position this row sees
                 const int64_t row = rows[s * max_q + r];
-                for (int64_t g = 0; g < group; ++g) {
-                    const int64_t h = kvh * group + g;
-                    const float* qv = qp + (row * num_heads + h) * D;
-                    float max_score = -std::numeric_limits<float>::infinity();
-                    for (int64_t p = 0; p <= last; ++p) {
-                        const int64_t block = tables[s * max_blocks + p / block_size];
-                        const float* kv = kp + (block * block_size + p % block_size) * slot_stride
-                                          + kvh * D;
-                        scores[p] = ops.dot(qv, kv, D) * scale;
-                        max_score = std::max(max_score, scores[p]);
-                    }
-                    float total = 0.0f;
-                    for (int64_t p = 0; p <= last; ++p) {
-                        scores[p] = std::exp(scores[p] - max_score);
-                        total += scores[p];
-                    }
-                    float* o = op + (row * num_heads + h) * D;
-                    for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
-                    for (int64_t p = 0; p <= last; ++p) {
-                        const int64_t block = tables[s * max_blocks + p / block_size];
-                        const float* vv = vp + (block * block_size + p % block_size) * slot_stride
-                                          + kvh * D;
-                        ops.axpy(scores[p] / total, vv, o, D);
-                    }
-                }
+                const int64_t h = kvh * group;  // the group's first query head
+                ops.attend_group(qp + (row * num_heads + h) * D, group, D, scale, kp + kvh * D,
+                                 vp + kvh * D, tables + s * max_blocks, block_size, slot_stride,
+                                 ctx - q_len + r + 1,  // the keys up to this row's position
+                                 scores.data(), op + (row * num_heads + h) * D);
             }
         }
     });

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -253,10 +254,10 @@ torch::Tensor gguf_dequantize(const torch::Tensor& packed, int64_t type, int64_t
 VecOps vec_ops() {
     const int64_t isa = best_isa();
 #ifdef SPECSERVE_HAVE_X86_VARIANTS
-    if (isa == kAvx512) return {isa_avx512::dot_f32, isa_avx512::axpy_f32};
-    if (isa == kAvx2) return {isa_avx2::dot_f32, isa_avx2::axpy_f32};
+    if (isa == kAvx512) return {isa_avx512::attend_group, isa_avx512::silu_mul_row};
+    if (isa == kAvx2) return {isa_avx2::attend_group, isa_avx2::silu_mul_row};
 #endif
-    return {isa_generic::dot_f32, isa_generic::axpy_f32};
+    return {isa_generic::attend_group, isa_generic::silu_mul_row};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

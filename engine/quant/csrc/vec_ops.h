@@ -1,5 +1,6 @@
-// What gguf_cpu.cpp exports to cpu_ops.cpp: float32 vector primitives of the widest instruction
-// set this CPU runs, and the registration of cpu_ops.cpp's functions in the one extension module.
+// What gguf_cpu.cpp exports to cpu_ops.cpp: the attention inner loop and SiLU compiled for the widest
+// instruction set this CPU runs, and the registration of cpu_ops.cpp's functions in the one
+// extension module.
 #pragma once
 
 #include <cstdint>
@@ -7,8 +8,13 @@
 #include <torch/extension.h>
 
 struct VecOps {
-    float (*dot)(const float* a, const float* b, int64_t n);
-    void (*axpy)(float alpha, const float* x, float* y, int64_t n);  // y += alpha * x
+    // One query row's GQA group of heads attending over one KV head's paged keys and values
+    // (see attend_group in gguf_kernels_impl.h).
+    void (*attend_group)(const float* q, int64_t group, int64_t D, float scale,
+                         const float* k_base, const float* v_base, const int64_t* table,
+                         int64_t block_size, int64_t slot_stride, int64_t num_keys,
+                         float* scores, float* out);
+    void (*silu_mul_row)(const float* gate, const float* up, float* out, int64_t n);
 };
 
 VecOps vec_ops();
