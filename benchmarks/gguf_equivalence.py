@@ -31,13 +31,16 @@ def first_divergence(ours: list[int], reference: list[int]) -> int | None:
     return None if len(ours) == len(reference) else min(len(ours), len(reference))
 
 
-def top2_margin(model, prompt_ids: list[int], generated: list[int], position: int) -> float:
-    """transformers' logit gap between its best and second-best token at `position`."""
+def logit_gap(model, prompt_ids: list[int], generated: list[int], position: int,
+              ours: int) -> dict:
+    """transformers' own logits at `position` (over the common prefix): its top-2 gap, and how far
+    our token's logit lies below its choice's. A flip is a near-tie when that gap is small."""
     with torch.inference_mode():
         ids = torch.tensor([prompt_ids + generated[:position]])
         logits = model(ids).logits[0, -1].float()
     top = logits.topk(2).values
-    return float(top[0] - top[1])
+    return {"top2_margin": float(top[0] - top[1]),
+            "ours_below_theirs": float(logits[generated[position]] - logits[ours])}
 
 
 def main() -> None:
@@ -51,6 +54,9 @@ def main() -> None:
     llm = LLM(speculative_method="none", quantization="gguf")
     folder, _ = resolve_model_folder(None)
     reference_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    # EOS ignored on both sides. (min_new_tokens would not do: it masks EOS's logit, so where
+    # EOS is the model's greedy choice transformers would pick its runner-up and we would not.)
+    reference_model.generation_config.eos_token_id = None
     greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
     results, started = [], time.time()
     for kind in KINDS:
@@ -61,15 +67,15 @@ def main() -> None:
             with torch.inference_mode():
                 sequence = reference_model.generate(
                     torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=args.max_tokens,
-                    min_new_tokens=args.max_tokens, pad_token_id=0)[0, len(prompt_ids):].tolist()
+                    pad_token_id=0)[0, len(prompt_ids):].tolist()
             ours = list(output.token_ids)
             position = first_divergence(ours, sequence)
             record = {"id": workload.id, "equal": position is None}
             if position is not None:
                 record.update(first_divergent_position=position, ours=ours[position],
                               transformers=sequence[position],
-                              top2_margin=top2_margin(reference_model, prompt_ids, sequence,
-                                                      position))
+                              **logit_gap(reference_model, prompt_ids, sequence, position,
+                                          ours[position]))
             results.append(record)
             print(json.dumps(record), file=sys.stderr)
     mismatches = [r for r in results if not r["equal"]]

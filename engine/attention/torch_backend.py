@@ -97,7 +97,8 @@ def _sdpa_folded(q, k, v, attn_mask):
     if q_len > 1:
         attn_mask = attn_mask.repeat(1, 1, group, 1)
     out = attend(q, k, v, attn_mask=attn_mask)
-    return out.view(batch, num_heads, q_len, head_dim)
+    # reshape, not view: CUDA's float32 SDPA kernels may return a non-contiguous layout.
+    return out.reshape(batch, num_heads, q_len, head_dim)
 
 
 def _attend_small(q, k, v, attn_mask):

@@ -36,6 +36,22 @@ FORMATS = {f.ggml_type: f for f in (
 )}
 FORMATS_BY_NAME = {f.name: f for f in FORMATS.values()}
 
+# Byte offsets of each format's float16 scale fields inside a block (the rest are quantized
+# values or 6-bit scales, valid whatever their bits).
+FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
+
+
+def random_blocks(fmt: BlockFormat, rows: int, in_features: int, seed: int = 0) -> torch.Tensor:
+    """[rows, row_bytes] of random valid blocks (float16 scales in [1e-3, 2.1e-2]): weights for
+    kernel tests and benchmarks."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = rows * in_features // fmt.block_size
+    blocks = torch.randint(0, 256, (num_blocks, fmt.block_bytes), dtype=torch.uint8, generator=gen)
+    for offset in FP16_FIELDS[fmt.name]:
+        scales = (torch.rand(num_blocks, generator=gen) * 0.02 + 1e-3).half()
+        blocks[:, offset:offset + 2] = scales.view(torch.uint8).view(num_blocks, 2)
+    return blocks.reshape(rows, fmt.row_bytes(in_features))
+
 
 def _fp16(blocks: torch.Tensor, offset: int) -> torch.Tensor:  # [B, bytes] -> [B, 1] float32
     return blocks[:, offset:offset + 2].contiguous().view(torch.float16).float()

@@ -22,21 +22,8 @@ from engine.quant.gguf_weight import GGUFWeight, PackedTensor
 from engine.quant.kernels import ISA_AVX2, ISA_AVX512, ISA_GENERIC, load_kernel
 
 # Byte offsets of each format's fp16 scale fields inside a block.
-FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
 ROWS = [1, 2, 7, 64]  # activation rows: decode, small batches, a verify step, a large batch
 TYPES = sorted(FORMATS.values(), key=lambda f: f.ggml_type)
-
-
-def random_packed(fmt: formats.BlockFormat, rows: int, in_features: int,
-                  seed: int = 0) -> torch.Tensor:
-    """[rows, row_bytes] of random valid blocks."""
-    gen = torch.Generator().manual_seed(seed)
-    num_blocks = rows * in_features // fmt.block_size
-    blocks = torch.randint(0, 256, (num_blocks, fmt.block_bytes), dtype=torch.uint8, generator=gen)
-    for offset in FP16_FIELDS[fmt.name]:
-        scales = (torch.rand(num_blocks, generator=gen) * 0.02 + 1e-3).half()
-        blocks[:, offset:offset + 2] = scales.view(torch.uint8).view(num_blocks, 2)
-    return blocks.reshape(rows, fmt.row_bytes(in_features))
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -67,7 +54,7 @@ def shape_for(fmt: formats.BlockFormat) -> tuple[int, int]:
 @pytest.mark.parametrize("fmt", TYPES, ids=lambda f: f.name)
 def test_dequantize_matches_the_gguf_package(fmt):
     rows, in_features = shape_for(fmt)
-    packed = random_packed(fmt, rows, in_features)
+    packed = formats.random_blocks(fmt, rows, in_features)
     reference = gguf.quants.dequantize(packed.numpy(), gguf.GGMLQuantizationType(fmt.ggml_type))
     expected = torch.from_numpy(np.asarray(reference, dtype=np.float32)).reshape(rows, in_features)
     torch.testing.assert_close(formats.dequantize(packed, fmt.ggml_type, in_features), expected,
@@ -77,7 +64,7 @@ def test_dequantize_matches_the_gguf_package(fmt):
 @pytest.mark.parametrize("fmt", TYPES, ids=lambda f: f.name)
 def test_kernel_dequantize_is_exact(kernel, fmt):
     rows, in_features = shape_for(fmt)
-    packed = random_packed(fmt, rows, in_features, seed=1)
+    packed = formats.random_blocks(fmt, rows, in_features, seed=1)
     expected = formats.dequantize(packed, fmt.ggml_type, in_features)
     for isa in compiled_isas():
         actual = kernel.dequantize(packed, fmt.ggml_type, in_features, isa)
@@ -88,7 +75,7 @@ def test_kernel_dequantize_is_exact(kernel, fmt):
 @pytest.mark.parametrize("fmt", TYPES, ids=lambda f: f.name)
 def test_kernel_matmul_equals_dequantized_product(kernel, fmt, num_rows):
     out_features, in_features = shape_for(fmt)
-    packed = random_packed(fmt, out_features, in_features, seed=2)
+    packed = formats.random_blocks(fmt, out_features, in_features, seed=2)
     weight = formats.dequantize(packed, fmt.ggml_type, in_features)
     x = torch.randn(num_rows, in_features, generator=torch.Generator().manual_seed(3))
     expected = x.double() @ weight.double().t()
@@ -101,7 +88,7 @@ def test_kernel_matmul_equals_dequantized_product(kernel, fmt, num_rows):
 @pytest.mark.parametrize("num_rows", [3, 64], ids=["row-kernel", "dequantize-then-gemm"])
 def test_kernel_writes_into_a_column_slice_and_nowhere_else(kernel, num_rows):
     fmt = formats.FORMATS_BY_NAME["Q4_1"]
-    packed = random_packed(fmt, 9, 64)
+    packed = formats.random_blocks(fmt, 9, 64)
     x = torch.randn(num_rows, 64)
     out = torch.zeros(num_rows, 20)
     kernel.matmul_out(x, packed, fmt.ggml_type, out.narrow(1, 5, 9))
@@ -112,7 +99,7 @@ def test_kernel_writes_into_a_column_slice_and_nowhere_else(kernel, num_rows):
 
 def test_kernel_rejects_mismatched_shapes(kernel):
     fmt = formats.FORMATS_BY_NAME["Q8_0"]
-    packed = random_packed(fmt, 4, 64)
+    packed = formats.random_blocks(fmt, 4, 64)
     with pytest.raises(RuntimeError, match="expected"):
         kernel.matmul_out(torch.randn(1, 96), packed, fmt.ggml_type, torch.empty(1, 4))
     with pytest.raises(RuntimeError, match="no CPU kernel"):
@@ -131,7 +118,7 @@ def test_weight_fused_from_parts_of_different_formats(monkeypatch, use_kernel):
     dense = torch.empty(40, in_features)
     for seed, (name, offset, rows) in enumerate(parts):
         fmt = formats.FORMATS_BY_NAME[name]
-        packed = random_packed(fmt, rows, in_features, seed=seed)
+        packed = formats.random_blocks(fmt, rows, in_features, seed=seed)
         weight.add(PackedTensor(packed, fmt.ggml_type, (rows, in_features)), offset)
         dense[offset:offset + rows] = formats.dequantize(packed, fmt.ggml_type, in_features)
     assert weight.complete and weight.format_names == ["Q4_K", "Q6_K"]  # q and k merged
@@ -148,7 +135,7 @@ def test_row_lookup_of_a_packed_vocabulary(monkeypatch, use_kernel):
     if not use_kernel:
         monkeypatch.setattr("engine.quant.gguf_weight.load_kernel", lambda: None)
     fmt = formats.FORMATS_BY_NAME["Q8_0"]
-    packed = random_packed(fmt, 50, 64)
+    packed = formats.random_blocks(fmt, 50, 64)
     weight = GGUFWeight(50, 64)
     weight.add(PackedTensor(packed, fmt.ggml_type, (50, 64)), 0)
     ids = torch.tensor([7, 0, 49, 7])
@@ -166,7 +153,7 @@ def test_single_format_weight_keeps_leading_dimensions(monkeypatch, use_kernel):
     if not use_kernel:
         monkeypatch.setattr("engine.quant.gguf_weight.load_kernel", lambda: None)
     fmt = formats.FORMATS_BY_NAME["Q4_0"]
-    packed = random_packed(fmt, 30, 96)
+    packed = formats.random_blocks(fmt, 30, 96)
     weight = GGUFWeight(30, 96)
     weight.add(PackedTensor(packed, fmt.ggml_type, (30, 96)), 0)
     x = torch.randn(2, 3, 96)

@@ -1,0 +1,73 @@
+"""The GGUF CPU kernel against torch's float32 matmul, per number of activation rows.
+
+For each row count, y = x W^T with W one of the default model's MLP shapes (1536 x 576) in a
+block format, cycled over enough distinct matrices that the weights come from memory as in a real
+step, against torch.mm on the same matrices dequantized to float32 (what `--quantization none`
+runs). Single thread by default: the question is the kernel's arithmetic, not the thread pool.
+Prints JSON: microseconds per call and multiply-adds per second for both.
+
+    python -m benchmarks.kernel_rows [--format Q4_1] [--threads 1] [--rows 1,2,4,8,16,32,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from engine.quant import formats
+from engine.quant.kernels import load_kernel
+
+def seconds_per_call(call, matrices, repeats: int) -> float:
+    for w in matrices:  # warm-up
+        call(w)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for w in matrices:
+            call(w)
+        best = min(best, (time.perf_counter() - started) / len(matrices))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--format", default="Q4_1", choices=sorted(formats.FORMATS_BY_NAME))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rows", default="1,2,4,8,16,32,64")
+    parser.add_argument("--out-features", type=int, default=1536)
+    parser.add_argument("--in-features", type=int, default=576)
+    parser.add_argument("--matrices", type=int, default=40, help="distinct weights cycled")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    kernel = load_kernel()
+    if kernel is None:
+        raise SystemExit("the GGUF kernel could not be built here")
+    torch.set_num_threads(args.threads)
+    fmt = formats.FORMATS_BY_NAME[args.format]
+    M, K = args.out_features, args.in_features
+    packed = [formats.random_blocks(fmt, M, K, seed) for seed in range(args.matrices)]
+    dense = [kernel.dequantize(w, fmt.ggml_type, K) for w in packed]
+    results = []
+    for n in (int(r) for r in args.rows.split(",")):
+        x, out = torch.randn(n, K), torch.empty(n, M)
+        ours = seconds_per_call(lambda w: kernel.matmul_out(x, w, fmt.ggml_type, out), packed,
+                                args.repeats)
+        theirs = seconds_per_call(lambda w: torch.mm(x, w.t(), out=out), dense, args.repeats)
+        results.append({
+            "rows": n,
+            "gguf_us": round(ours * 1e6, 1),
+            "float32_mm_us": round(theirs * 1e6, 1),
+            "gguf_gmac_per_s": round(n * M * K / ours / 1e9, 2),
+            "float32_mm_gmac_per_s": round(n * M * K / theirs / 1e9, 2),
+            "speedup": round(theirs / ours, 2),
+        })
+    print(json.dumps({"benchmark": "kernel_rows", "format": fmt.name, "shape": [M, K],
+                      "threads": args.threads, "isa": kernel.best_isa(), "results": results},
+                     indent=2))
+
+
+if __name__ == "__main__":
+    main()
