@@ -35,8 +35,8 @@ constexpr int kQ8_0 = 8;
 constexpr int kQ4_K = 12;
 constexpr int kQ6_K = 14;
 constexpr int kTile = 4;  // weight rows dequantized together (the dequantize-then-multiply path)
-constexpr int kFusedRows = 4;  // activation rows one pass of the fused path serves
-// Up to this many activation rows the fused path is faster (measured: benchmarks/gguf_kernels.py);
+constexpr int kFusedRows = 8;  // activation rows one pass of the fused path serves
+// Up to this many activation rows the fused path is faster (measured: benchmarks/kernel_rows.py);
 // above it dequantizing each weight once into L1 and reusing it for every row wins.
 constexpr int64_t kFusedMaxRows = 8;
 // From this many activation rows (prefill chunks, large batches) the weight is dequantized to a

@@ -82,31 +82,42 @@ static inline void fused_unit(const uint8_t* row, int64_t u, const float* x, int
     }
 }
 
-// Units alternate between two sets of accumulators: the loop-carried FMA chain of one set
-// would otherwise bound a row at one unit per FMA latency.
+// With one or two activation rows, units alternate between two sets of accumulators: one set's
+// loop-carried FMA chain would bound a row at one unit per FMA latency. From three rows on, the
+// rows' own chains are independent enough, and one set leaves registers for up to 8 rows, so a
+// verify step of K + 1 <= 8 positions widens each block once.
 template <int TYPE, int NR>
 static void fused_rows(const uint8_t* packed, int64_t row_bytes, int64_t K, const float* x,
                        int64_t x_stride, const float* x_block_sums, float* y, int64_t y_stride,
                        int64_t row_begin, int64_t row_end) {
     using U = Unit<TYPE>;
+    constexpr int SETS = NR <= 2 ? 2 : 1;
     const int64_t num_subs = K / 32, num_units = num_subs / U::SUBS;
     for (int64_t r = row_begin; r < row_end; ++r) {
         const uint8_t* row = packed + r * row_bytes;
-        __m256 acc0[NR], acc1[NR];
-        float offset0[NR], offset1[NR];
-        for (int n = 0; n < NR; ++n) {
-            acc0[n] = acc1[n] = _mm256_setzero_ps();
-            offset0[n] = offset1[n] = 0.0f;
-        }
+        __m256 acc[SETS][NR];
+        float offset[SETS][NR];
+        for (int s = 0; s < SETS; ++s)
+            for (int n = 0; n < NR; ++n) {
+                acc[s][n] = _mm256_setzero_ps();
+                offset[s][n] = 0.0f;
+            }
         int64_t u = 0;
-        for (; u + 2 <= num_units; u += 2) {
-            fused_unit<TYPE, NR>(row, u, x, x_stride, x_block_sums, num_subs, acc0, offset0);
-            fused_unit<TYPE, NR>(row, u + 1, x, x_stride, x_block_sums, num_subs, acc1, offset1);
+        for (; u + SETS <= num_units; u += SETS)
+            for (int s = 0; s < SETS; ++s)
+                fused_unit<TYPE, NR>(row, u + s, x, x_stride, x_block_sums, num_subs, acc[s],
+                                     offset[s]);
+        for (; u < num_units; ++u)
+            fused_unit<TYPE, NR>(row, u, x, x_stride, x_block_sums, num_subs, acc[0], offset[0]);
+        for (int n = 0; n < NR; ++n) {
+            __m256 total = acc[0][n];
+            float total_offset = offset[0][n];
+            for (int s = 1; s < SETS; ++s) {
+                total = _mm256_add_ps(total, acc[s][n]);
+                total_offset += offset[s][n];
+            }
+            y[n * y_stride + r] = hsum(total) + total_offset;
         }
-        if (u < num_units)
-            fused_unit<TYPE, NR>(row, u, x, x_stride, x_block_sums, num_subs, acc0, offset0);
-        for (int n = 0; n < NR; ++n)
-            y[n * y_stride + r] = hsum(_mm256_add_ps(acc0[n], acc1[n])) + offset0[n] + offset1[n];
     }
 }
 
@@ -119,16 +130,19 @@ static void fused_dispatch(const uint8_t* packed, int64_t row_bytes, int64_t K, 
         const float* xn = x + n * x_stride;
         const float* sums = x_block_sums + n * num_subs;
         float* yn = y + n * y_stride;
+#define FUSED_ROWS(NR) fused_rows<TYPE, NR>(packed, row_bytes, K, xn, x_stride, sums, yn, \
+                                            y_stride, row_begin, row_end)
         switch (N - n < kFusedRows ? N - n : kFusedRows) {
-            case 1: fused_rows<TYPE, 1>(packed, row_bytes, K, xn, x_stride, sums, yn, y_stride,
-                                        row_begin, row_end); break;
-            case 2: fused_rows<TYPE, 2>(packed, row_bytes, K, xn, x_stride, sums, yn, y_stride,
-                                        row_begin, row_end); break;
-            case 3: fused_rows<TYPE, 3>(packed, row_bytes, K, xn, x_stride, sums, yn, y_stride,
-                                        row_begin, row_end); break;
-            default: fused_rows<TYPE, 4>(packed, row_bytes, K, xn, x_stride, sums, yn, y_stride,
-                                         row_begin, row_end); break;
+            case 1: FUSED_ROWS(1); break;
+            case 2: FUSED_ROWS(2); break;
+            case 3: FUSED_ROWS(3); break;
+            case 4: FUSED_ROWS(4); break;
+            case 5: FUSED_ROWS(5); break;
+            case 6: FUSED_ROWS(6); break;
+            case 7: FUSED_ROWS(7); break;
+            default: FUSED_ROWS(8); break;
         }
+#undef FUSED_ROWS
     }
 }
 
