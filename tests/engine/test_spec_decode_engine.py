@@ -70,12 +70,16 @@ def test_greedy_speculation_is_lossless_under_preemption(method, method_options,
 
 
 def test_adaptive_speculation_is_lossless(plain_outputs):
-    outputs = LLM(speculative_method="ngram").generate(PROMPTS, GREEDY)
-    assert [o.token_ids for o in outputs] == plain_outputs
-    # Not vacuous: the controller let drafts through and some were accepted (the repetitive
-    # prompts give n-gram lookup matches).
-    assert sum(o.spec_stats.num_draft_tokens for o in outputs) > 0
-    assert sum(o.spec_stats.num_accepted_tokens for o in outputs) > 0
+    llm = LLM(speculative_method="ngram")
+    one_at_a_time = [llm.generate(p, GREEDY)[0] for p in PROMPTS]
+    assert [o.token_ids for o in one_at_a_time] == plain_outputs
+    # Not vacuous: alone, each request's drafts pay, so the controller let drafts through and the
+    # repetitive prompts got some accepted. (In the batch below it may rightly draft nothing: with
+    # 4-bit weights on CPU every verified token costs a sizeable share of a step.)
+    assert sum(o.spec_stats.num_draft_tokens for o in one_at_a_time) > 0
+    assert sum(o.spec_stats.num_accepted_tokens for o in one_at_a_time) > 0
+    batched = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in batched] == plain_outputs
 
 
 def test_draft_equal_to_target_is_always_accepted(tiny_chat_model_folder):
