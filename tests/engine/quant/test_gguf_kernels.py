@@ -106,12 +106,25 @@ def test_kernel_rejects_mismatched_shapes(kernel):
         kernel.dequantize(packed, 6, 64)  # Q5_0: no kernel
 
 
-@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch-fallback"])
-def test_weight_fused_from_parts_of_different_formats(monkeypatch, use_kernel):
+@pytest.fixture(params=[True, False], ids=["kernel", "torch-fallback"])
+def weight_path(request, monkeypatch):
+    """GGUFWeight on the compiled kernel, and again on the pure-torch fallback."""
+    if not request.param:
+        monkeypatch.setattr("engine.quant.gguf_weight.load_kernel", lambda: None)
+
+
+def single_format_weight(name: str, rows: int, in_features: int):
+    """A GGUFWeight of one part of random blocks, with the packed blocks and their format."""
+    fmt = formats.FORMATS_BY_NAME[name]
+    packed = formats.random_blocks(fmt, rows, in_features)
+    weight = GGUFWeight(rows, in_features)
+    weight.add(PackedTensor(packed, fmt.ggml_type, (rows, in_features)), 0)
+    return weight, packed, fmt
+
+
+def test_weight_fused_from_parts_of_different_formats(weight_path):
     """q (Q4_K), k (Q4_K) and v (Q6_K) as one projection, as a Q4_K_M file stores them; the
     fallback path dequantizes in torch and must give the same product."""
-    if not use_kernel:
-        monkeypatch.setattr("engine.quant.gguf_weight.load_kernel", lambda: None)
     in_features = 512
     parts = [("Q4_K", 0, 24), ("Q4_K", 24, 8), ("Q6_K", 32, 8)]
     weight = GGUFWeight(40, in_features)
@@ -130,14 +143,8 @@ def test_weight_fused_from_parts_of_different_formats(monkeypatch, use_kernel):
         weight.rows(ids)
 
 
-@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch-fallback"])
-def test_row_lookup_of_a_packed_vocabulary(monkeypatch, use_kernel):
-    if not use_kernel:
-        monkeypatch.setattr("engine.quant.gguf_weight.load_kernel", lambda: None)
-    fmt = formats.FORMATS_BY_NAME["Q8_0"]
-    packed = formats.random_blocks(fmt, 50, 64)
-    weight = GGUFWeight(50, 64)
-    weight.add(PackedTensor(packed, fmt.ggml_type, (50, 64)), 0)
+def test_row_lookup_of_a_packed_vocabulary(weight_path):
+    weight, packed, fmt = single_format_weight("Q8_0", 50, 64)
     ids = torch.tensor([7, 0, 49, 7])
     expected = formats.dequantize(packed, fmt.ggml_type, 64)[ids]
     torch.testing.assert_close(weight.rows(ids), expected, rtol=0, atol=0)
@@ -148,14 +155,8 @@ def test_block_format_refuses_rows_that_are_not_whole_blocks():
         formats.FORMATS_BY_NAME["Q4_K"].row_bytes(300)
 
 
-@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch-fallback"])
-def test_single_format_weight_keeps_leading_dimensions(monkeypatch, use_kernel):
-    if not use_kernel:
-        monkeypatch.setattr("engine.quant.gguf_weight.load_kernel", lambda: None)
-    fmt = formats.FORMATS_BY_NAME["Q4_0"]
-    packed = formats.random_blocks(fmt, 30, 96)
-    weight = GGUFWeight(30, 96)
-    weight.add(PackedTensor(packed, fmt.ggml_type, (30, 96)), 0)
+def test_single_format_weight_keeps_leading_dimensions(weight_path):
+    weight, packed, fmt = single_format_weight("Q4_0", 30, 96)
     x = torch.randn(2, 3, 96)
     expected = x.double() @ formats.dequantize(packed, fmt.ggml_type, 96).double().t()
     out = weight.matmul(x)
