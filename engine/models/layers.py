@@ -52,8 +52,7 @@ class Linear(nn.Module):
 
     def keep_in_blocks(self) -> None:
         """Makes this layer's weight a GGUF one: no float32 storage is ever allocated for it."""
-        out_features, in_features = self.weight.shape
-        self.gguf = GGUFWeight(out_features, in_features)
+        self.gguf = GGUFWeight(self.out_features, self.in_features)
         self.weight = nn.Parameter(torch.empty(0, device=self.weight.device), requires_grad=False)
 
     @torch.no_grad()

@@ -133,23 +133,25 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed(input_ids)
         layers = range(self.arch.num_layers) if layer_ids is None else layer_ids
         fused = cpu_ops_for(x)
-        if fused is not None and not meta.chunks and meta.batched is not None \
-                and all(self.layers[i].fused_weights() is not None for i in layers):
-            self._fused_decode(fused, x, positions, kv_caches, meta, layers)
+        weights = [self.layers[i].fused_weights() for i in layers] \
+            if fused is not None and not meta.chunks and meta.batched is not None else None
+        if weights and all(w is not None for w in weights):
+            self._fused_decode(fused, x, positions, kv_caches, meta, layers, weights)
         else:
             for i in layers:
                 k_cache, v_cache = kv_caches[i]
                 x = self.layers[i](x, positions, self.rotary, k_cache, v_cache, meta)
         return self.lm_head(self.norm(x[logits_indices])).float()
 
-    def _fused_decode(self, fused, x, positions, kv_caches, meta, layers) -> None:
-        """A decode/verify step's layers as one compiled call each, in place on x."""
+    def _fused_decode(self, fused, x, positions, kv_caches, meta, layers, weights) -> None:
+        """A decode/verify step's layers as one compiled call each, in place on x; `weights`:
+        each layer's fused_weights()."""
         a, group = self.arch, meta.batched
         positions = positions.contiguous()
-        for i in layers:
+        for i, layer_weights in zip(layers, weights):
             k_cache, v_cache = kv_caches[i]
             fused.decoder_layer(
-                x, positions, *self.layers[i].fused_weights(), self.rotary.cos, self.rotary.sin,
+                x, positions, *layer_weights, self.rotary.cos, self.rotary.sin,
                 k_cache, v_cache, meta.slot_mapping, group.token_index, group.query_lens,
                 group.context_lens, group.block_tables, a.num_heads, a.num_kv_heads, a.head_dim)
 

