@@ -11,8 +11,9 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
@@ -40,6 +41,10 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._stopped = threading.Event()
+        self._step_started_at: float | None = None  # monotonic time; None between steps
+        # Called on the engine thread before every step: fault injection for tests (a wedged
+        # loop), nothing else.
+        self.before_step: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
         self._thread.start()
 
@@ -54,6 +59,13 @@ class AsyncEngine:
     @property
     def is_running(self) -> bool:
         return self._thread.is_alive() and not self._stopped.is_set()
+
+    @property
+    def step_seconds(self) -> float:
+        """How long the step now running has run; 0 while the loop waits for work. A value that
+        keeps growing means a wedged loop (liveness)."""
+        started = self._step_started_at
+        return 0.0 if started is None else time.monotonic() - started
 
     # -------------------------------------------------------------- public API
     async def generate(
@@ -84,6 +96,11 @@ class AsyncEngine:
         """Safe from any thread; takes effect before the engine's next step."""
         self._commands.put(("abort", request_id))
 
+    def abort_all(self) -> None:
+        """Aborts every request the engine holds now (the drain's deadline); each stream gets a
+        final output with finish_reason "abort". Safe from any thread."""
+        self._commands.put(("abort_all", None))
+
     def shutdown(self) -> None:
         self._stopped.set()
         self._commands.put(("stop", None))
@@ -96,11 +113,16 @@ class AsyncEngine:
                 self._apply_commands(block=not self.engine.has_unfinished())
                 if self._stopped.is_set():
                     break
+                self._step_started_at = time.monotonic()
+                if self.before_step is not None:
+                    self.before_step()
                 outputs = self.engine.step()
             except Exception as error:  # a failed step must not take the server down
                 logger.exception("engine step failed; failing the requests it held")
                 self._fail_all(error)
                 continue
+            finally:
+                self._step_started_at = None
             for output in outputs:
                 self._deliver(output.request_id, output)
 
@@ -111,10 +133,16 @@ class AsyncEngine:
             if kind == "add":
                 self._add(payload)
             elif kind == "abort":
-                output = self.engine.abort(payload)
-                if output is not None:
-                    self._deliver(payload, output)
+                self._abort(payload)
+            elif kind == "abort_all":
+                for request_id in self.engine.unfinished_request_ids():
+                    self._abort(request_id)
             command = self._next_command()
+
+    def _abort(self, request_id: str) -> None:
+        output = self.engine.abort(request_id)
+        if output is not None:
+            self._deliver(request_id, output)
 
     def _add(self, request: Request) -> None:
         try:

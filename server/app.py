@@ -1,7 +1,8 @@
 """The HTTP application: OpenAI-compatible routes in front of one AsyncEngine.
 
 The model loads in a worker thread while the app starts; the engine's steps run in its own thread,
-so the event loop only parses, streams and answers `/health` and `/metrics` at any load.
+so the event loop only parses, streams and answers `/health`, `/ready` and `/metrics` at any load.
+Probes and the graceful drain live in `server/lifecycle.py`.
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ from __future__ import annotations
 import asyncio
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import Depends, FastAPI
+from fastapi.responses import Response
 
 from engine import AsyncEngine, EngineConfig
 from engine.stat_logger import PeriodicStatLogger
 from server import chat, completions, metrics
+from server.lifecycle import Lifecycle
+from server.limits import BodySizeLimitMiddleware
 from server.context import (
     Admission,
     ServerContext,
@@ -31,15 +34,18 @@ __all__ = ["VERSION", "ServerSettings", "build_app"]
 
 
 def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSettings()) -> FastAPI:
-    """`/health` answers 503 until the engine has loaded, 200 after."""
+    """`/health` (liveness) and `/ready` (readiness) answer 503 until the engine has loaded and
+    run its warm-up step; `app.state.lifecycle` drains the server (see `server.lifecycle`)."""
 
     server_metrics = metrics.ServerMetrics(settings.metrics_prefix)
+    lifecycle = Lifecycle(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine = await asyncio.to_thread(AsyncEngine.from_config, engine_config)
         context = ServerContext(engine, settings.served_model_name or engine.engine.model_name,
                                 settings, Admission(settings.max_queue))
+        await lifecycle.start(context)  # before the metrics listeners: warm-up is not traffic
         server_metrics.attach_engine(context)
         engine.engine.add_stat_listener(PeriodicStatLogger())
         app.state.context = context
@@ -48,17 +54,21 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
 
     app = FastAPI(title="specserve", version=VERSION, lifespan=lifespan)
     app.state.context = None
+    app.state.lifecycle = lifecycle
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_request_bytes)
+    # Outermost, so refused bodies (413) are counted too.
     app.add_middleware(metrics.HTTPMetricsMiddleware, counter=server_metrics.http_requests)
     install_error_handlers(app)
     app.include_router(completions.router)
     app.include_router(chat.router)
 
     @app.get("/health")
-    async def health(request: Request):
-        context = request.app.state.context
-        if context is None or not context.engine.is_running:
-            return JSONResponse({"status": "unavailable"}, status_code=503)
-        return {"status": "ok"}
+    async def health():
+        return lifecycle.liveness().response()
+
+    @app.get("/ready")
+    async def ready():
+        return lifecycle.readiness().response()
 
     @app.get("/version")
     async def version():

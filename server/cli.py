@@ -9,7 +9,12 @@ import re
 
 from benchmarks.cli import add_bench_parser, run_bench
 from engine.config import SPECULATIVE_METHODS, EngineConfig
-from server.context import DEFAULT_MAX_QUEUE
+from server.context import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    DEFAULT_ENGINE_STEP_TIMEOUT_S,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_REQUEST_BYTES,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +72,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help="requests waiting for their first token beyond which new ones get 503 "
-                        "with Retry-After (default: %(default)s)")
+                        "with Retry-After, and /ready fails (default: %(default)s)")
+    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                   help="largest request body accepted; larger ones get 413 "
+                        "(default: %(default)s)")
+    p.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
+                   help="seconds in-flight requests get to finish after SIGTERM before they "
+                        "are aborted; a second signal exits at once (default: %(default)s)")
+    p.add_argument("--engine-step-timeout", type=float, default=DEFAULT_ENGINE_STEP_TIMEOUT_S,
+                   help="seconds one engine step may run before /health (liveness) fails "
+                        "(default: %(default)s)")
     p.add_argument("--metrics-prefix", default="specserve",
                    help="name prefix of the /metrics series; 'vllm' makes dashboards and tools "
                         "built for vLLM work unchanged (default: %(default)s)")
@@ -112,6 +126,12 @@ def main(argv: list[str] | None = None) -> None:
         config = engine_config_from_args(args)
         if args.max_queue < 1:
             raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+        if args.max_request_bytes < 1:
+            raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
+        for flag, value in (("--drain-timeout", args.drain_timeout),
+                            ("--engine-step-timeout", args.engine_step_timeout)):
+            if not value > 0:
+                raise ValueError(f"{flag} must be > 0 seconds, got {value}")
         if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", args.metrics_prefix):
             raise ValueError(f"--metrics-prefix must be letters, digits and underscores, got "
                              f"{args.metrics_prefix!r}")
@@ -121,15 +141,17 @@ def main(argv: list[str] | None = None) -> None:
         locate_model(config.model.model)
     except ValueError as error:
         raise SystemExit(f"specserve: error: {error}") from None
-    import uvicorn
-
     from server.app import ServerSettings, build_app
+    from server.lifecycle import serve
 
     settings = ServerSettings(served_model_name=args.served_model_name,
                               api_key=args.api_key or None, max_queue=args.max_queue,
-                              metrics_prefix=args.metrics_prefix)
-    uvicorn.run(build_app(config, settings), host=args.host, port=args.port,
-                log_level=args.log_level)
+                              metrics_prefix=args.metrics_prefix,
+                              max_request_bytes=args.max_request_bytes,
+                              drain_timeout_s=args.drain_timeout,
+                              engine_step_timeout_s=args.engine_step_timeout)
+    app = build_app(config, settings)
+    serve(app, app.state.lifecycle, host=args.host, port=args.port, log_level=args.log_level)
 
 
 if __name__ == "__main__":

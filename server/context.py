@@ -13,6 +13,9 @@ from engine import AsyncEngine
 from server.errors import SERVER_ERROR, APIError
 
 DEFAULT_MAX_QUEUE = 256
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+DEFAULT_ENGINE_STEP_TIMEOUT_S = 60.0
 RETRY_AFTER_SECONDS = 1
 
 
@@ -22,28 +25,54 @@ class ServerSettings:
     api_key: str | None = None
     max_queue: int = DEFAULT_MAX_QUEUE  # engine requests waiting for their first token
     metrics_prefix: str = "specserve"  # "vllm": dashboards built for vLLM work unchanged
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # in-flight requests' time after SIGTERM
+    engine_step_timeout_s: float = DEFAULT_ENGINE_STEP_TIMEOUT_S  # a longer step fails /health
 
 
 class Admission:
-    """Counts engine requests that were accepted but have not produced a token yet (waiting for a
-    slot, or prefilling). At `max_queue` of them, new HTTP requests are refused with 503.
+    """Who gets in. Counts engine requests that were accepted but have not produced a token yet
+    (waiting for a slot, or prefilling): at `max_queue` of them, new HTTP requests are refused
+    with 503. Also holds every response still in flight (`in_flight`), which a graceful drain
+    waits for after `close()` has turned new requests away.
 
-    Touched only on the event loop, so a plain counter is exact.
+    Touched only on the event loop, so plain counters and sets are exact.
     """
 
     def __init__(self, max_queue: int):
         self.max_queue = max_queue
         self.num_waiting = 0
+        self.in_flight: set = set()  # FanOuts between admission and their aclose()
+        self.closed = False
 
-    def admit(self, num_requests: int) -> None:
-        if self.num_waiting >= self.max_queue:
+    @property
+    def is_full(self) -> bool:
+        return self.num_waiting >= self.max_queue
+
+    def admit(self, holder, num_requests: int) -> None:
+        """Lets `holder` (a FanOut of `num_requests` engine requests) in, or raises a 503."""
+        if self.closed:
+            raise APIError(503, "the server is shutting down; retry on another replica",
+                           SERVER_ERROR, code="server_draining",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        if self.is_full:
             raise APIError(503, f"the server is busy: {self.num_waiting} requests are already "
                            "waiting; retry shortly", SERVER_ERROR, code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         self.num_waiting += num_requests
+        self.in_flight.add(holder)
 
     def release(self) -> None:
+        """One admitted engine request has its first token (or ended without one)."""
         self.num_waiting -= 1
+
+    def leave(self, holder) -> None:
+        """`holder`'s response is over; idempotent."""
+        self.in_flight.discard(holder)
+
+    def close(self) -> None:
+        """Turns every later request away with 503 `server_draining`."""
+        self.closed = True
 
 
 @dataclass

@@ -82,12 +82,16 @@ async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise bad_request(f"the request body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
     try:
         return model.model_validate(data)
     except ValidationError as error:
         raise from_validation_errors(error.errors()) from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
 
 
 def install_error_handlers(app: FastAPI) -> None:

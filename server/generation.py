@@ -114,7 +114,7 @@ class FanOut:
     _END = object()
 
     def __init__(self, context: ServerContext, response_id: str, choices: list[Choice]):
-        context.admission.admit(len(choices))
+        context.admission.admit(self, len(choices))
         self._context = context
         self._outputs: asyncio.Queue = asyncio.Queue()
         # With prefix caching, a prompt's other choices start once its first choice has a token:
@@ -176,6 +176,7 @@ class FanOut:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._context.admission.leave(self)
 
 
 class ClientDisconnected(Exception):
@@ -250,4 +251,6 @@ def build_usage(prompts: list[Prompt], finals: list[RequestOutput]) -> Usage:
 
 
 def finish_reason(output: RequestOutput) -> str | None:
-    return output.finish_reason if output.finish_reason in ("stop", "length") else None
+    """"stop", "length", or "abort" (vLLM's word) for a request the server ended: a graceful
+    drain's deadline. A client's own disconnect also aborts, but nobody reads that answer."""
+    return output.finish_reason if output.finished else None
