@@ -68,6 +68,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-rate", type=_list(_positive(float)), default=[float("inf")],
                    help="comma-separated Poisson request rates (requests/s) to sweep; inf sends "
                         "at once, up to the concurrency cap (default: inf)")
+    p.add_argument("--duration", type=_positive(float), default=None,
+                   help="seconds each workload and load level runs, prompts cycling (a soak "
+                        "run; the server's memory and KV usage are sampled), instead of one "
+                        "pass over --num-prompts")
+    p.add_argument("--disconnect-fraction", type=_fraction, default=0.0,
+                   help="share of clients that hang up at a random moment; they are counted "
+                        "as client_disconnects, not failures (default: %(default)s)")
+    p.add_argument("--disconnect-within", type=_positive(float), default=5.0,
+                   help="a hanging-up client leaves within this many seconds of sending "
+                        "(default: %(default)s)")
     p.add_argument("--timeout", type=_positive(float), default=600.0,
                    help="seconds one request may take (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (for CI logs)")
@@ -141,6 +151,13 @@ def _at_least(kind, minimum, strictly: bool = False):
                 f"must be {'>' if strictly else '>='} {minimum}, got {text}")
         return value
     return parse
+
+
+def _fraction(text: str) -> float:
+    value = _at_least(float, 0)(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be <= 1, got {text}")
+    return value
 
 
 def _positive(kind):

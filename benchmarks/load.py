@@ -3,16 +3,19 @@ process, each timed chunk by chunk into a `RequestRecord`.
 
 Every request streams (`stream_options.include_usage`, so the server's own token count is used
 when it sends one; otherwise each text-carrying chunk counts as one token). A failed request is
-recorded with its error, never retried, and the run goes on.
+recorded with its error, never retried, and the run goes on. For soak runs, a share of the clients
+can hang up at a random moment (`Disconnects`); those records carry the error `CANCELLED`, which is
+the client's doing, not a failure of the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -21,6 +24,7 @@ from benchmarks.serving_metrics import RequestRecord
 from benchmarks.workloads import Workload
 
 ENDPOINTS = ("auto", "completions", "chat")
+CANCELLED = "cancelled by the client (a planned disconnect)"
 
 
 @dataclass(frozen=True)
@@ -119,34 +123,70 @@ def _error_message(response: httpx.Response) -> str:
 def arrival_gaps(num_requests: int, request_rate: float, seed: int) -> list[float]:
     """Seconds to wait before each request: exponential gaps of mean 1/rate after the first (a
     Poisson process), all zero for an infinite rate."""
-    if request_rate == float("inf"):
-        return [0.0] * num_requests
+    return list(itertools.islice(endless_gaps(request_rate, seed), num_requests))
+
+
+def endless_gaps(request_rate: float, seed: int) -> Iterator[float]:
+    """`arrival_gaps` without an end, for runs bounded by time."""
     gaps = random.Random(seed)
-    return [0.0] + [gaps.expovariate(request_rate) for _ in range(num_requests - 1)]
+    yield 0.0
+    while True:
+        yield 0.0 if request_rate == float("inf") else gaps.expovariate(request_rate)
 
 
-async def run_load(client: httpx.AsyncClient, target: Target, workloads: list[Workload],
+@dataclass(frozen=True)
+class Disconnects:
+    """Clients that hang up: each request, with probability `fraction`, is abandoned (its
+    connection closed) after a delay drawn uniformly from [0, `within_s`) seconds; one that
+    finishes first simply finishes."""
+
+    fraction: float = 0.0
+    within_s: float = 5.0
+
+    def plan(self, seed: int) -> Iterator[float | None]:
+        """The abandon delay of each request in turn, None for clients that stay."""
+        draws = random.Random(seed + 1)
+        while True:
+            stays = draws.random() >= self.fraction
+            delay = draws.uniform(0, self.within_s)
+            yield None if stays else delay
+
+
+async def run_load(client: httpx.AsyncClient, target: Target, workloads: Iterable[Workload],
                    options: RequestOptions, max_concurrency: int | None, request_rate: float,
                    seed: int, on_done: Callable[[], None] = lambda: None,
+                   duration_s: float | None = None, disconnects: Disconnects = Disconnects(),
                    ) -> tuple[list[RequestRecord], float]:
-    """Sends every workload once, in order: a new request starts when one of `max_concurrency`
-    slots is free (None: no cap) and, for a finite `request_rate` (requests/s), after an
-    exponentially distributed gap. Returns the records in send order and the wall time."""
-    slots = asyncio.Semaphore(max_concurrency or len(workloads))
+    """Sends the workloads in order: a new request starts when one of `max_concurrency` slots is
+    free (None: no cap) and, for a finite `request_rate` (requests/s), after an exponentially
+    distributed gap. With `duration_s`, no request starts after that many seconds (pass an
+    endless iterable, e.g. `itertools.cycle`). Returns the records in send order and the wall
+    time."""
+    slots = asyncio.Semaphore(max_concurrency or 1_000_000)
 
-    async def one(workload: Workload) -> RequestRecord:
+    async def one(workload: Workload, abandon_after: float | None) -> RequestRecord:
+        start = time.perf_counter()
         try:
-            return await send(client, target, workload, options)
+            if abandon_after is None:
+                return await send(client, target, workload, options)
+            return await asyncio.wait_for(send(client, target, workload, options),
+                                          abandon_after)
+        except asyncio.TimeoutError:  # wait_for cancelled the request: the connection closed
+            return RequestRecord(workload.id, workload.kind, start, time.perf_counter(),
+                                 error=CANCELLED)
         finally:
             slots.release()
             on_done()
 
     start = time.perf_counter()
     tasks = []
-    for workload, gap in zip(workloads, arrival_gaps(len(workloads), request_rate, seed)):
+    for workload, gap, abandon_after in zip(workloads, endless_gaps(request_rate, seed),
+                                            disconnects.plan(seed)):
         if gap:
             await asyncio.sleep(gap)
+        if duration_s is not None and time.perf_counter() - start >= duration_s:
+            break
         await slots.acquire()
-        tasks.append(asyncio.create_task(one(workload)))
+        tasks.append(asyncio.create_task(one(workload, abandon_after)))
     records = await asyncio.gather(*tasks)
     return list(records), time.perf_counter() - start

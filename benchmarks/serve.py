@@ -19,13 +19,15 @@ from dataclasses import dataclass
 
 import httpx
 
-from benchmarks.load import RequestOptions, Target, run_load, send
+from benchmarks.load import CANCELLED, Disconnects, RequestOptions, Target, run_load, send
 from benchmarks.report import finish, load_report
 from benchmarks.server_metrics import scrape_spec_counters, speculation_summary
+from benchmarks.server_state import sample_states, scrape_state, state_when_idle
 from benchmarks.serving_metrics import summarize
 from benchmarks.workloads import KINDS, Workload, load_dataset, load_workloads
 
 ALL_PROMPTS = 10_000  # more than any bundled set holds
+STATE_EVERY_S = 30.0  # server-state samples during a timed (soak) run
 WARMUP = Workload("warmup/hello", "warmup", "Say hello.", chat=True)
 
 
@@ -70,9 +72,19 @@ async def resolve_model(client: httpx.AsyncClient, target: Target) -> Target:
     return Target(target.label, target.base_url, models[0]["id"], target.api_key)
 
 
+@dataclass(frozen=True)
+class Soak:
+    """A timed run: each (kind, level) lasts `duration_s` (the prompts cycle) instead of one pass
+    over `num_prompts`, some clients hang up at random, and the server's memory and KV usage are
+    sampled before, during and after."""
+
+    duration_s: float | None = None
+    disconnects: Disconnects = Disconnects()
+
+
 async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
                     levels: list[LoadLevel], options: RequestOptions, seed: int,
-                    timeout: float, progress: bool) -> list[dict]:
+                    timeout: float, progress: bool, soak: Soak = Soak()) -> list[dict]:
     """One record a target: its identity and one result per (kind, level)."""
     most_in_flight = max(level.concurrency or len(items)
                          for level in levels for items in workloads.values())
@@ -84,7 +96,7 @@ async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
             if not warmup.ok:
                 raise ValueError(f"{target.base_url}: warm-up request failed: {warmup.error}")
         total = len(targets) * len(levels) * sum(len(items) for items in workloads.values())
-        bar = _progress_bar(total, progress)
+        bar = _progress_bar(None if soak.duration_s else total, progress)
         results: dict[str, list[dict]] = {target.label: [] for target in targets}
         turn = 0
         for kind, items in workloads.items():
@@ -95,15 +107,31 @@ async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
                     bar.set_description(f"{target.label} {kind} c={level.concurrency} "
                                         f"rate={level.request_rate}")
                     before = await scrape_spec_counters(client, target.base_url)
-                    records, duration = await run_load(client, target, items, options,
-                                                       level.concurrency, level.request_rate,
-                                                       seed, on_done=lambda: bar.update(1))
+                    state_before = await scrape_state(client, target.base_url)
+                    states: list[dict] = []
+                    sampler = asyncio.create_task(sample_states(
+                        client, target.base_url, STATE_EVERY_S, states))
+                    try:
+                        records, duration = await run_load(
+                            client, target, itertools.cycle(items) if soak.duration_s else items,
+                            options, level.concurrency, level.request_rate, seed,
+                            on_done=lambda: bar.update(1), duration_s=soak.duration_s,
+                            disconnects=soak.disconnects)
+                    finally:
+                        sampler.cancel()
                     after = await scrape_spec_counters(client, target.base_url)
-                    results[target.label].append({
-                        "kind": kind, "max_concurrency": level.concurrency,
-                        "request_rate": _rate(level.request_rate),
-                        **summarize(records, duration),
-                        "speculative": speculation_summary(before, after)})
+                    # A client's planned hang-up is neither a completion nor a server failure.
+                    served = [record for record in records if record.error != CANCELLED]
+                    result = {"kind": kind, "max_concurrency": level.concurrency,
+                              "request_rate": _rate(level.request_rate),
+                              **summarize(served, duration),
+                              "client_disconnects": len(records) - len(served),
+                              "speculative": speculation_summary(before, after)}
+                    if soak.duration_s:
+                        result["server_state"] = {
+                            "before": state_before, "during": states,
+                            "after_idle": await state_when_idle(client, target.base_url)}
+                    results[target.label].append(result)
         bar.close()
     return [{"label": target.label, "base_url": target.base_url, "model": target.model,
              "results": results[target.label]} for target in targets]
@@ -117,8 +145,9 @@ def run(args) -> dict:
     workloads = workload_sets(args.workload, args.dataset, args.num_prompts, args.seed)
     options = RequestOptions(args.endpoint, args.max_tokens, args.temperature, args.seed,
                              args.ignore_eos)
+    soak = Soak(args.duration, Disconnects(args.disconnect_fraction, args.disconnect_within))
     runs = asyncio.run(benchmark(targets, workloads, levels, options, args.seed, args.timeout,
-                                 progress=not args.no_progress))
+                                 progress=not args.no_progress, soak=soak))
     report = {
         "benchmark": "serve",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -127,7 +156,9 @@ def run(args) -> dict:
                    "max_tokens": args.max_tokens, "temperature": args.temperature,
                    "ignore_eos": args.ignore_eos, "seed": args.seed,
                    "concurrency": args.concurrency,
-                   "request_rate": [_rate(rate) for rate in args.request_rate]},
+                   "request_rate": [_rate(rate) for rate in args.request_rate],
+                   "duration_s": args.duration, "disconnect_fraction": args.disconnect_fraction,
+                   "disconnect_within_s": args.disconnect_within},
         "runs": runs,
     }
     print_table(report)

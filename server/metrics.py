@@ -9,7 +9,13 @@ under the GIL, so a scrape never waits for an engine step.
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -26,6 +32,9 @@ class ServerMetrics:
     def __init__(self, prefix: str = "specserve"):
         self.prefix = prefix
         self.registry = CollectorRegistry()
+        # process_resident_memory_bytes and friends (unprefixed, as vLLM exports them): memory
+        # sizing and leak checks read them.
+        ProcessCollector(registry=self.registry)
         # No model_name label: the HTTP layer is shared by whatever the server serves.
         self.http_requests = Counter(f"{prefix}:http_requests", "HTTP requests by route "
                                      "template and status", ["route", "status"],
