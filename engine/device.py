@@ -31,6 +31,38 @@ def free_memory_bytes(device: torch.device) -> int | None:
     return None
 
 
+def total_memory_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        _free, total = torch.cuda.mem_get_info(device)
+        return total
+    return None
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def copy_to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Host int64 tensors -> the same tensors on `device`, in one non-blocking copy.
+
+    A blocking copy from pageable memory makes the host wait for the device to drain its queue;
+    a step that built its inputs that way waited a dozen times. Here they are packed into one
+    pinned buffer and sent together: the host never waits, and the copy is ordered before the
+    kernels that read it. On CPU the tensors are returned as they are."""
+    if device.type == "cpu" or not tensors:
+        return list(tensors)
+    packed = torch.cat([t.reshape(-1) for t in tensors]).pin_memory()
+    packed = packed.to(device, non_blocking=True)
+    out, offset = [], 0
+    for t in tensors:
+        out.append(packed[offset:offset + t.numel()].view(t.shape))
+        offset += t.numel()
+    return out
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """One host tensor (any dtype) to `device` without making the host wait."""
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.metadata import AttentionMetadata, build_attention_metadata
+from engine.device import copy_to_device
 from engine.kv_cache import KVCache
 from engine.models.llama import LlamaForCausalLM
 from engine.scheduler import ScheduledRequest
@@ -49,12 +50,14 @@ def build_model_input(scheduled: Sequence[ScheduledRequest], block_size: int,
             logits_owners.append(owner)
             logits_row_starts.append(len(logits_indices))
             logits_indices.extend(range(last_own, last_own + len(drafts) + 1))
+    input_ids_t, positions_t, logits_indices_t = copy_to_device(
+        [torch.tensor(v, dtype=torch.long) for v in (input_ids, positions, logits_indices)], device)
     return ModelInput(
-        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        input_ids=input_ids_t,
+        positions=positions_t,
         attention=build_attention_metadata(query_lens, context_lens, block_tables, block_size,
                                            device),
-        logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=device),
+        logits_indices=logits_indices_t,
         logits_owners=logits_owners,
         logits_row_starts=logits_row_starts,
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.device import copy_to_device, to_device
 from engine.sampling_params import SamplingParams
 
 
@@ -76,8 +77,8 @@ def build_sampling_batch(
 ) -> SamplingBatch:
     """Turns each row's settings and token history into tensors. `seed_offset` gives seeded rows
     a stream of their own (a draft model's draws must be independent of the target's)."""
-    def column(values, dtype):
-        return torch.tensor(values, dtype=dtype, device=device)
+    def column(values, dtype):  # built on the host, sent without waiting
+        return to_device(torch.tensor(values, dtype=dtype), device)
 
     generators = [
         seeded_generator(p.seed + seed_offset, len(out), device) if p.seed is not None
@@ -113,21 +114,28 @@ def build_sampling_batch(
 
 
 def _build_penalties(params, prompt_token_ids, output_token_ids, vocab_size, device) -> Penalties:
+    """Token counts as flat (row * vocab + token) indices built on the host: one copy to the
+    device for the whole batch, not one per row."""
     num_rows = len(params)
-    counts = torch.zeros(num_rows, vocab_size, dtype=torch.float32, device=device)
-    seen = torch.zeros(num_rows, vocab_size, dtype=torch.bool, device=device)
+    generated: list[int] = []
+    seen: list[int] = []
     for row, (prompt, output) in enumerate(zip(prompt_token_ids, output_token_ids)):
-        if output:
-            out = torch.tensor(output, dtype=torch.long, device=device)
-            counts[row].index_add_(0, out, torch.ones_like(out, dtype=torch.float32))
-            seen[row, out] = True
-        if prompt and params[row].repetition_penalty != 1:
-            seen[row, torch.tensor(prompt, dtype=torch.long, device=device)] = True
+        generated.extend(row * vocab_size + t for t in output)
+        if params[row].repetition_penalty != 1:
+            seen.extend(row * vocab_size + t for t in prompt)
+    generated_t, seen_t = copy_to_device(
+        [torch.tensor(generated, dtype=torch.long), torch.tensor(seen, dtype=torch.long)], device)
+    counts = torch.zeros(num_rows * vocab_size, dtype=torch.float32, device=device)
+    counts.index_add_(0, generated_t, torch.ones(len(generated), device=device))
+    seen_mask = torch.zeros(num_rows * vocab_size, dtype=torch.bool, device=device)
+    seen_mask.index_fill_(0, seen_t, True).index_fill_(0, generated_t, True)
+    settings = to_device(torch.tensor(
+        [[p.presence_penalty, p.frequency_penalty, p.repetition_penalty] for p in params],
+        dtype=torch.float32), device)
     return Penalties(
-        presence=torch.tensor([p.presence_penalty for p in params], device=device),
-        frequency=torch.tensor([p.frequency_penalty for p in params], device=device),
-        repetition=torch.tensor([p.repetition_penalty for p in params], device=device),
-        output_counts=counts, seen_mask=seen,
+        presence=settings[:, 0], frequency=settings[:, 1], repetition=settings[:, 2],
+        output_counts=counts.view(num_rows, vocab_size),
+        seen_mask=seen_mask.view(num_rows, vocab_size),
     )
 
 
@@ -180,9 +188,14 @@ def sample_from_probs(probs: torch.Tensor, generators: list) -> torch.Tensor:  #
     over the vocabulary in Python."""
     noise = torch.empty_like(probs)
     for row, generator in enumerate(generators):
-        noise[row].exponential_(generator=generator)
-    noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # a zero draw must not make 0/0
+        noise[row] = exponential_noise(probs[row], generator)
     return (probs / noise).argmax(dim=-1)
+
+
+def exponential_noise(like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Exponential(1) draws shaped like `like`; never zero, so p / E never makes 0 / 0."""
+    noise = torch.empty_like(like).exponential_(generator=generator)
+    return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
 
 def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -3,13 +3,19 @@
 The batch is the concatenation of every scheduled request's new tokens, with no padding between
 them. Requests with only a few new tokens (decodes, and later draft verification) are attended
 together in one padded call; each longer prefill chunk gets a call of its own.
+
+Everything is laid out on the host and reaches the device in one non-blocking copy; the masks are
+then derived on the device. A step therefore never waits for the device to build its inputs, and
+no backend call needs a value back from the device (boolean-mask indexing would: it syncs).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from engine.device import copy_to_device
 
 # Requests with at most this many new tokens share one padded attention call.
 MAX_QUERY_LEN_BATCHED = 16
@@ -20,13 +26,29 @@ class BatchedGroup:
     """Requests with short queries, padded to `max_query_len` and attended in one call."""
 
     token_index: torch.Tensor  # [num_seqs, max_query_len] flat token index; padding repeats a real one
-    query_mask: torch.Tensor  # [num_seqs * max_query_len] bool: which padded rows are real
+    real_rows: torch.Tensor  # [num_real] rows of the padded [num_seqs * max_query_len] layout that are real
+    real_token_index: torch.Tensor  # [num_real] their flat token index (token_index at real_rows)
     block_tables: torch.Tensor  # [num_seqs, max_blocks] block ids (padding: block 0)
-    attn_mask: torch.Tensor  # [num_seqs, 1, max_query_len, max_blocks * block_size] bool: may attend
     query_lens: torch.Tensor  # [num_seqs] real query rows of each request
     context_lens: torch.Tensor  # [num_seqs] tokens of each request in the cache after this step
     num_seqs: int
     max_query_len: int
+    block_size: int
+    _masks: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def attn_mask(self, query_group: int = 1) -> torch.Tensor:
+        """[num_seqs, 1, query_group * max_query_len, max_blocks * block_size] bool, may attend.
+
+        `query_group` > 1 repeats the rows for grouped-query attention with the query heads of one
+        KV head folded into the query dimension. Built on the device once per step and kept."""
+        mask = self._masks.get(query_group)
+        if mask is None:
+            mask = causal_paged_mask(self.query_lens, self.context_lens, self.max_query_len,
+                                     self.block_tables.shape[1] * self.block_size)
+            if query_group > 1 and self.max_query_len > 1:
+                mask = mask.repeat(1, 1, query_group, 1)
+            self._masks[query_group] = mask
+        return mask
 
 
 @dataclass
@@ -37,6 +59,16 @@ class PrefillChunk:
     num_tokens: int
     context_len: int  # tokens of this request in the cache after this step, new ones included
     block_table: torch.Tensor  # [num_blocks] block ids covering context_len
+    _mask: torch.Tensor | None = field(default=None, repr=False)
+
+    def attn_mask(self) -> torch.Tensor:
+        """[num_tokens, context_len] bool: query i sits at position context_len - num_tokens + i
+        and sees the keys up to there."""
+        if self._mask is None:
+            self._mask = torch.ones(self.num_tokens, self.context_len, dtype=torch.bool,
+                                    device=self.block_table.device) \
+                .tril_(self.context_len - self.num_tokens)
+        return self._mask
 
 
 @dataclass
@@ -45,6 +77,19 @@ class AttentionMetadata:
     batched: BatchedGroup | None
     chunks: list[PrefillChunk]
     block_size: int
+
+
+def causal_paged_mask(query_lens: torch.Tensor, context_lens: torch.Tensor, max_query_len: int,
+                      num_key_slots: int) -> torch.Tensor:
+    """[num_seqs, 1, max_query_len, num_key_slots] bool. Query row r of a request sits at absolute
+    position context_len - query_len + r and sees the keys up to it; padding rows repeat the last
+    real row."""
+    device = query_lens.device
+    q_lens = query_lens.view(-1, 1, 1)
+    rows = torch.arange(max_query_len, device=device).view(1, -1, 1).minimum(q_lens - 1)
+    last_visible = context_lens.view(-1, 1, 1) - q_lens + rows  # [num_seqs, max_q, 1]
+    key_pos = torch.arange(num_key_slots, device=device).view(1, 1, -1)
+    return (key_pos <= last_visible).unsqueeze(1)
 
 
 def build_attention_metadata(
@@ -61,7 +106,7 @@ def build_attention_metadata(
     """
     slots: list[int] = []
     short: list[int] = []
-    chunks: list[PrefillChunk] = []
+    chunk_specs: list[tuple[int, int, int, torch.Tensor]] = []
     starts: list[int] = []
     start = 0
     for i, (q_len, ctx_len) in enumerate(zip(query_lens, context_lens)):
@@ -73,45 +118,48 @@ def build_attention_metadata(
             short.append(i)
         else:
             num_blocks = -(-ctx_len // block_size)
-            chunks.append(PrefillChunk(
-                token_start=start, num_tokens=q_len, context_len=ctx_len,
-                block_table=torch.tensor(table[:num_blocks], dtype=torch.long, device=device),
-            ))
+            chunk_specs.append((start, q_len, ctx_len,
+                                torch.tensor(table[:num_blocks], dtype=torch.long)))
         start += q_len
-    batched = None
+    host = [torch.tensor(slots, dtype=torch.long), *(spec[3] for spec in chunk_specs)]
+    group_fields = None
     if short:
-        batched = _build_batched_group(
+        group_fields = _batched_group_tensors(
             [starts[i] for i in short], [query_lens[i] for i in short],
-            [context_lens[i] for i in short], [block_tables[i] for i in short], block_size, device,
+            [context_lens[i] for i in short], [block_tables[i] for i in short], block_size)
+        host.extend(group_fields)
+    moved = copy_to_device(host, device)
+    slot_mapping, moved = moved[0], moved[1:]
+    chunks = [PrefillChunk(token_start=s, num_tokens=n, context_len=c, block_table=table)
+              for (s, n, c, _), table in zip(chunk_specs, moved[:len(chunk_specs)])]
+    batched = None
+    if group_fields is not None:
+        token_index, real_rows, real_token_index, tables, q_lens, ctx = moved[len(chunk_specs):]
+        batched = BatchedGroup(
+            token_index=token_index, real_rows=real_rows, real_token_index=real_token_index,
+            block_tables=tables, query_lens=q_lens, context_lens=ctx, num_seqs=len(short),
+            max_query_len=token_index.shape[1], block_size=block_size,
         )
-    return AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-        batched=batched, chunks=chunks, block_size=block_size,
-    )
+    return AttentionMetadata(slot_mapping=slot_mapping, batched=batched, chunks=chunks,
+                             block_size=block_size)
 
 
-def _build_batched_group(starts, query_lens, context_lens, block_tables, block_size, device):
+def _batched_group_tensors(starts, query_lens, context_lens, block_tables, block_size):
+    """Host tensors of a BatchedGroup: token_index, real_rows, real_token_index, block_tables,
+    query_lens, context_lens."""
     num_seqs = len(starts)
     max_q = max(query_lens)
     max_blocks = max(-(-c // block_size) for c in context_lens)
     token_index = torch.empty(num_seqs, max_q, dtype=torch.long)
     tables = torch.zeros(num_seqs, max_blocks, dtype=torch.long)
+    real_rows: list[int] = []
     for i, (start, q_len, ctx_len) in enumerate(zip(starts, query_lens, context_lens)):
         rows = torch.arange(max_q).clamp_(max=q_len - 1)  # padding repeats the last real token
         token_index[i] = start + rows
+        real_rows.extend(range(i * max_q, i * max_q + q_len))
         n = -(-ctx_len // block_size)
         tables[i, :n] = torch.tensor(block_tables[i][:n])
-    q_lens = torch.tensor(query_lens).view(-1, 1)
-    ctx = torch.tensor(context_lens).view(-1, 1, 1)
-    query_pos = torch.arange(max_q).view(1, -1, 1).minimum(q_lens.view(-1, 1, 1) - 1)
-    # Query row r of a request sits at absolute position ctx - q_len + r and sees keys up to it.
-    last_visible = ctx - q_lens.view(-1, 1, 1) + query_pos  # [num_seqs, max_q, 1]
-    key_pos = torch.arange(max_blocks * block_size).view(1, 1, -1)
-    attn_mask = (key_pos <= last_visible).unsqueeze(1)
-    query_mask = (torch.arange(max_q).view(1, -1) < q_lens).reshape(-1)
-    return BatchedGroup(
-        token_index=token_index.to(device), query_mask=query_mask.to(device),
-        block_tables=tables.to(device), attn_mask=attn_mask.to(device),
-        query_lens=q_lens.view(-1).to(device), context_lens=ctx.view(-1).to(device),
-        num_seqs=num_seqs, max_query_len=max_q,
-    )
+    real_rows_t = torch.tensor(real_rows, dtype=torch.long)
+    return [token_index, real_rows_t, token_index.view(-1)[real_rows_t], tables,
+            torch.tensor(query_lens, dtype=torch.long),
+            torch.tensor(context_lens, dtype=torch.long)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.attention.metadata import AttentionMetadata
+from engine.attention.metadata import AttentionMetadata, BatchedGroup
 from engine.quant.kernels import cpu_ops_for
 
 
@@ -47,12 +47,12 @@ def paged_attention(
         queries = queries.transpose(1, 2)  # [seqs, heads, max_q, head_dim]
         keys = _gather_blocks(k_cache, group.block_tables)  # [seqs, kv_heads, L, head_dim]
         values = _gather_blocks(v_cache, group.block_tables)
-        attended = _sdpa_folded(queries, keys, values, group.attn_mask)
+        attended = _sdpa_folded(queries, keys, values, group)
         attended = attended.transpose(1, 2).flatten(0, 1)  # [seqs * max_q, heads, head_dim]
         if group.max_query_len == 1:
             out.index_copy_(0, rows, attended)
-        else:
-            out[rows[group.query_mask]] = attended[group.query_mask]
+        else:  # only the real rows; indices from the host, so no boolean mask (a device sync)
+            out.index_copy_(0, group.real_token_index, attended.index_select(0, group.real_rows))
     for chunk in meta.chunks:
         span = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
         queries = q[span].transpose(0, 1).unsqueeze(0)  # [1, heads, n, head_dim]
@@ -64,10 +64,7 @@ def paged_attention(
         else:
             keys = _gather_context(k_cache, chunk.block_table, chunk.context_len)
             values = _gather_context(v_cache, chunk.block_table, chunk.context_len)
-            # Query i sits at position context_len - num_tokens + i and sees keys up to there.
-            mask = torch.ones(chunk.num_tokens, chunk.context_len, dtype=torch.bool,
-                              device=q.device).tril_(chunk.context_len - chunk.num_tokens)
-            attended = _sdpa(queries, keys, values, attn_mask=mask)
+            attended = _sdpa(queries, keys, values, attn_mask=chunk.attn_mask())
         out[span] = attended.squeeze(0).transpose(0, 1)
     return out
 
@@ -85,17 +82,17 @@ def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, context_len:
         .unsqueeze(0)
 
 
-def _sdpa_folded(q, k, v, attn_mask):
+def _sdpa_folded(q, k, v, group: BatchedGroup):
     """Grouped-query attention without copying KV: the query heads that share a KV head are
-    folded into the query-length dimension, and the mask rows repeated to match."""
+    folded into the query-length dimension, and the mask rows repeated to match (once per step,
+    not per layer)."""
     batch, num_heads, q_len, head_dim = q.shape
-    group = num_heads // k.shape[1]
+    query_group = num_heads // k.shape[1]
     attend = _attend_small if q.device.type == "cpu" else F.scaled_dot_product_attention
-    if group == 1:
+    attn_mask = group.attn_mask(query_group)
+    if query_group == 1:
         return attend(q, k, v, attn_mask=attn_mask)
-    q = q.reshape(batch, k.shape[1], group * q_len, head_dim)
-    if q_len > 1:
-        attn_mask = attn_mask.repeat(1, 1, group, 1)
+    q = q.reshape(batch, k.shape[1], query_group * q_len, head_dim)
     out = attend(q, k, v, attn_mask=attn_mask)
     # reshape, not view: CUDA's float32 SDPA kernels may return a non-contiguous layout.
     return out.reshape(batch, num_heads, q_len, head_dim)

@@ -68,7 +68,7 @@ def next_token_probs(
     seq_index = torch.arange(target_probs.shape[0], device=target_probs.device)
     p = target_probs[seq_index, num_accepted]  # [num_seqs, vocab]
     rejected = num_accepted < num_drafts
-    if draft_token_ids.shape[1] == 0 or not bool(rejected.any()):
+    if draft_token_ids.shape[1] == 0:
         return p
     at = num_accepted.clamp(max=draft_token_ids.shape[1] - 1)
     if draft_probs is None:
@@ -98,10 +98,10 @@ def rejection_sample(
     num_accepted = accept_drafts(target_probs, draft_token_ids, num_drafts, draft_probs, uniforms,
                                  greedy, target_argmax)
     probs = next_token_probs(target_probs, draft_token_ids, num_drafts, draft_probs, num_accepted)
-    if bool(greedy.any()):
-        # Greedy is the limit of one-hot target distributions: the next token is the target's
-        # argmax. The residual max(0, p - q) of a sampled draft q can peak elsewhere.
-        chosen = target_argmax.gather(1, num_accepted.unsqueeze(1))  # [num_seqs, 1]
-        one_hot = torch.zeros_like(probs).scatter_(1, chosen, 1.0)
-        probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
+    # Greedy is the limit of one-hot target distributions: the next token is the target's
+    # argmax. The residual max(0, p - q) of a sampled draft q can peak elsewhere. (Computed for
+    # every row: asking the device whether any row is greedy would make the host wait.)
+    chosen = target_argmax.gather(1, num_accepted.unsqueeze(1))  # [num_seqs, 1]
+    one_hot = torch.zeros_like(probs).scatter_(1, chosen, 1.0)
+    probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
     return RejectionOutput(num_accepted=num_accepted, next_token_probs=probs)

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.device import copy_to_device
 from engine.sampler import (
     SamplingBatch,
     build_sampling_batch,
     choose_tokens,
+    exponential_noise,
     process_logits,
-    sample_from_probs,
     target_probs,
 )
 from engine.spec_decode.rejection_sampler import rejection_sample
@@ -32,28 +33,39 @@ class VerifySeq:
     row_start: int  # first logits row of this sequence; it has len(draft_token_ids) + 1 rows
     draft_token_ids: list[int]
     draft_probs: torch.Tensor | None = None  # [num_drafts, vocab] when drafts were sampled
+    greedy: bool = False  # the request decodes greedily: drafts must equal the argmax
 
 
 def verify(logits: torch.Tensor,  # [num_rows, vocab] raw
            batch: SamplingBatch,  # settings per row
            seqs: list[VerifySeq]) -> list[list[int]]:
-    """Returns, per sequence, its accepted drafts followed by one recovered or bonus token."""
+    """Returns, per sequence, its accepted drafts followed by one recovered or bonus token.
+
+    Everything is decided on the logits' device; the host reads the outcome once, in one copy
+    (every row's sampled token, then each sampled-draft sequence's accepted count and next token).
+    """
     processed = process_logits(logits, batch)
-    row_tokens = choose_tokens(processed, batch).tolist()
-    greedy_rows = (batch.temperature == 0).tolist()
+    row_tokens = choose_tokens(processed, batch)
+    sampled = [i for i, seq in enumerate(seqs) if seq.draft_probs is not None and not seq.greedy]
+    if sampled:
+        num_accepted, next_tokens = _verify_sampled_drafts(
+            target_probs(processed, batch), batch, [seqs[i] for i in sampled])
+        row_tokens = torch.cat([row_tokens, num_accepted, next_tokens])
+    host = row_tokens.tolist()  # the step's one device-to-host copy
+    num_rows = logits.shape[0]
+    outcome = {i: (host[num_rows + n], host[num_rows + len(sampled) + n])
+               for n, i in enumerate(sampled)}
     emitted: list[list[int]] = []
-    probs_all = None
-    for seq in seqs:
+    for index, seq in enumerate(seqs):
         drafts, start = seq.draft_token_ids, seq.row_start
-        if seq.draft_probs is None or greedy_rows[start]:
+        if index in outcome:
+            num_accepted, token = outcome[index]
+        else:
             num_accepted = 0
-            while num_accepted < len(drafts) and drafts[num_accepted] == row_tokens[start + num_accepted]:
+            while num_accepted < len(drafts) and drafts[num_accepted] == host[start + num_accepted]:
                 num_accepted += 1
-            emitted.append(drafts[:num_accepted] + [row_tokens[start + num_accepted]])
-            continue
-        if probs_all is None:
-            probs_all = target_probs(processed, batch)
-        emitted.append(_verify_sampled_drafts(probs_all, batch, seq))
+            token = host[start + num_accepted]
+        emitted.append(drafts[:num_accepted] + [token])
     return emitted
 
 
@@ -72,29 +84,49 @@ def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
             params.append(request.sampling_params)
             prompts.append(request.prompt_token_ids)
             histories.append(request.output_token_ids + drafts[:j])
-        seqs.append(VerifySeq(row_start, drafts, draft_probs.get(request.request_id)))
+        seqs.append(VerifySeq(row_start, drafts, draft_probs.get(request.request_id),
+                              request.sampling_params.greedy))
     batch = build_sampling_batch(params, prompts, histories, logits.shape[-1], logits.device,
                                  shared_generator)
     return verify(logits, batch, seqs)
 
 
-def _verify_sampled_drafts(probs_all: torch.Tensor, batch: SamplingBatch, seq: VerifySeq):
-    num_drafts, start = len(seq.draft_token_ids), seq.row_start
+def _verify_sampled_drafts(probs_all: torch.Tensor, batch: SamplingBatch,
+                           seqs: list[VerifySeq]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection sampling of every sequence whose drafts came with probabilities, in one batch
+    on the device. Returns ([num_seqs] accepted drafts, [num_seqs] next token)."""
     device = probs_all.device
-    rows = probs_all[start:start + num_drafts + 1].unsqueeze(0)  # [1, k + 1, vocab]
+    max_k = max(len(seq.draft_token_ids) for seq in seqs)
+    # Row j of a sequence: its (j)th verified position; positions past its own K repeat its last.
+    rows = [[seq.row_start + min(j, len(seq.draft_token_ids)) for j in range(max_k + 1)]
+            for seq in seqs]
+    drafts = [seq.draft_token_ids + [0] * (max_k - len(seq.draft_token_ids)) for seq in seqs]
+    rows_t, drafts_t, num_drafts = copy_to_device(
+        [torch.tensor(rows, dtype=torch.long), torch.tensor(drafts, dtype=torch.long),
+         torch.tensor([len(seq.draft_token_ids) for seq in seqs], dtype=torch.long)], device)
+    target = probs_all[rows_t]  # [num_seqs, max_k + 1, vocab]
+    draft_probs = torch.stack([
+        torch.nn.functional.pad(seq.draft_probs, (0, 0, 0, max_k - len(seq.draft_token_ids)))
+        for seq in seqs])
     # Each position's generator continues past the draw `choose_tokens` took from it, so these
-    # draws are fresh and, for seeded requests, reproducible.
-    generators = batch.generators[start:start + num_drafts + 1]
-    uniforms = torch.cat([torch.rand(1, generator=g, device=device) for g in generators[:-1]])
+    # draws are fresh and, for seeded requests, reproducible: per position one uniform (for its
+    # draft) and then one exponential race over the vocabulary (for the token that may follow).
+    generators = [[batch.generators[seq.row_start + j]
+                   for j in range(len(seq.draft_token_ids) + 1)] for seq in seqs]
+    uniforms = torch.ones(len(seqs), max_k, device=device)  # padding: rejected, and masked
+    for i, gens in enumerate(generators):
+        for j, generator in enumerate(gens[:-1]):
+            uniforms[i, j:j + 1].uniform_(generator=generator)
     out = rejection_sample(
-        target_probs=rows,
-        draft_token_ids=torch.tensor([seq.draft_token_ids], device=device),
-        num_drafts=torch.tensor([num_drafts], device=device),
-        draft_probs=seq.draft_probs.unsqueeze(0),
-        uniforms=uniforms.unsqueeze(0),
-        greedy=torch.tensor([False], device=device),
-        target_argmax=rows.argmax(dim=-1),
+        target_probs=target, draft_token_ids=drafts_t, num_drafts=num_drafts,
+        draft_probs=draft_probs, uniforms=uniforms,
+        greedy=torch.zeros(len(seqs), dtype=torch.bool, device=device),
+        target_argmax=target.argmax(dim=-1),
     )
-    num_accepted = int(out.num_accepted[0])
-    token = int(sample_from_probs(out.next_token_probs, [generators[num_accepted]])[0])
-    return seq.draft_token_ids[:num_accepted] + [token]
+    noise = torch.ones_like(target)
+    for i, gens in enumerate(generators):
+        for j, generator in enumerate(gens):
+            noise[i, j] = exponential_noise(target[i, j], generator)
+    chosen_noise = noise.gather(1, out.num_accepted.view(-1, 1, 1).expand(-1, 1, noise.shape[-1]))
+    next_tokens = (out.next_token_probs / chosen_noise.squeeze(1)).argmax(dim=-1)
+    return out.num_accepted, next_tokens
