@@ -40,9 +40,11 @@ class CacheConfig:
     """Paged KV cache: block size and how many blocks (from a memory budget or explicit)."""
 
     block_size: int = 16
-    kv_cache_memory_gib: float | None = None  # None: 1 GiB on CPU, 80% of free GPU memory
+    kv_cache_memory_gib: float | None = None  # None: 1 GiB on CPU; on a GPU what is left of
+    # gpu_memory_utilization after the weights and a profiled forward
     num_kv_blocks: int | None = None  # overrides the memory budget when set
     enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9  # share of the GPU's total memory this server may use
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -51,6 +53,9 @@ class CacheConfig:
             raise ValueError(f"--kv-cache-memory must be > 0 GiB, got {self.kv_cache_memory_gib}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"--num-kv-blocks must be >= 1, got {self.num_kv_blocks}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, EngineLimits
 from engine.detokenizer import IncrementalDetokenizer
-from engine.device import free_memory_bytes, pick_device, pick_dtype
+from engine.device import free_memory_bytes, pick_device, pick_dtype, total_memory_bytes
 from engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget
+from engine.memory import gpu_kv_cache_budget, profile_forward
 from engine.model_runner import ModelRunner, build_model_input
 from engine.models.loader import load_model
 from engine.outputs import RequestOutput, TokenLogprob
@@ -31,9 +32,8 @@ from engine.stats import StepRecorder, request_stats
 
 logger = logging.getLogger(__name__)
 
-# KV cache size when no budget is given: a share of free accelerator memory, or a fixed amount of
-# host memory (1 GiB holds ~23k tokens of SmolLM2-135M in float32).
-GPU_KV_MEMORY_FRACTION = 0.8
+# KV cache size on CPU when no budget is given (1 GiB holds ~23k tokens of SmolLM2-135M in
+# float32); on a GPU, --gpu-memory-utilization decides (engine/memory.py).
 CPU_KV_MEMORY_BYTES = 2**30
 
 
@@ -50,6 +50,7 @@ class LLMEngine:
         self.config = config
         self.device = pick_device(config.model.device)
         self.dtype = pick_dtype(config.model.dtype, self.device)
+        free_at_start = free_memory_bytes(self.device)
         loaded = load_model(config.model.model, self.device, self.dtype,
                             quantization=config.model.quantization)
         self.model_name = loaded.name
@@ -60,7 +61,7 @@ class LLMEngine:
         arch = loaded.model.arch
         self.vocab_size = arch.vocab_size
         self.limits = EngineLimits(
-            num_kv_blocks=self._num_kv_blocks(arch),
+            num_kv_blocks=self._num_kv_blocks(loaded.model, free_at_start),
             block_size=config.cache.block_size,
             max_model_len=min(config.model.max_model_len or arch.max_position_embeddings,
                               arch.max_position_embeddings),
@@ -85,16 +86,30 @@ class LLMEngine:
                     self.limits.num_kv_blocks, self.limits.block_size,
                     self.proposer.name if self.proposer else "none")
 
-    def _num_kv_blocks(self, arch) -> int:
+    def _num_kv_blocks(self, model, free_at_start: int | None) -> int:
         cache = self.config.cache
         if cache.num_kv_blocks is not None:
             return cache.num_kv_blocks
         if cache.kv_cache_memory_gib is not None:
             budget = int(cache.kv_cache_memory_gib * 2**30)
+        elif free_at_start is None:
+            budget = CPU_KV_MEMORY_BYTES
         else:
-            free = free_memory_bytes(self.device)
-            budget = CPU_KV_MEMORY_BYTES if free is None else int(free * GPU_KV_MEMORY_FRACTION)
-        return num_blocks_for_budget(arch, cache.block_size, self.dtype, budget)
+            scheduler = self.config.scheduler
+            max_k = self.config.speculative.num_speculative_tokens \
+                if self.config.speculative.enabled else 0
+            profile_forward(model, cache.block_size, self.dtype, self.device,
+                            min(scheduler.max_num_batched_tokens,
+                                model.arch.max_position_embeddings),
+                            scheduler.max_num_seqs * (max_k + 1))
+            budget = gpu_kv_cache_budget(
+                total_memory_bytes(self.device), free_at_start,
+                free_at_start - free_memory_bytes(self.device), cache.gpu_memory_utilization)
+            if self.config.speculative.speculative_method == "draft":
+                # The draft's own KV pool has as many blocks, each no larger than the
+                # target's for a draft smaller than the target: half the budget each.
+                budget //= 2
+        return num_blocks_for_budget(model.arch, cache.block_size, self.dtype, budget)
 
     @property
     def kv_block_bytes(self) -> int:

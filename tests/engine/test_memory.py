@@ -1,0 +1,54 @@
+"""KV cache sizing on a GPU: --gpu-memory-utilization is a share of the card's total memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.memory import GIB, gpu_kv_cache_budget
+
+
+def test_the_kv_cache_gets_what_the_weights_and_activations_leave():
+    budget = gpu_kv_cache_budget(total=80 * GIB, free_at_start=79 * GIB, used_by_us=2 * GIB,
+                                 utilization=0.9)
+    assert budget == int(80 * GIB * 0.9) - 2 * GIB
+
+
+def test_a_busy_card_is_refused_with_what_to_pass():
+    # A second server on a card where the first holds 72 GiB.
+    with pytest.raises(ValueError) as error:
+        gpu_kv_cache_budget(total=80 * GIB, free_at_start=8 * GIB, used_by_us=0, utilization=0.9)
+    message = str(error.value)
+    assert "\n" not in message
+    assert "only 8.0 GiB are free" in message
+    suggested = float(message.rsplit("--gpu-memory-utilization ", 1)[1].split()[0])
+    assert 0 < suggested * 80 <= 8  # what it suggests fits in what is free
+    gpu_kv_cache_budget(total=80 * GIB, free_at_start=8 * GIB, used_by_us=GIB,
+                        utilization=suggested)
+
+
+def test_weights_larger_than_the_share_are_refused():
+    with pytest.raises(ValueError, match="raise it or lower --max-num-batched-tokens"):
+        gpu_kv_cache_budget(total=16 * GIB, free_at_start=16 * GIB, used_by_us=15 * GIB,
+                            utilization=0.5)
+
+
+@pytest.mark.parametrize("value", [0, 1.5, -0.1])
+def test_the_flag_is_validated(value):
+    from engine.config import CacheConfig
+
+    with pytest.raises(ValueError, match="--gpu-memory-utilization must be in"):
+        CacheConfig(gpu_memory_utilization=value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_engine_stays_within_its_share(tiny_chat_model_folder):
+    from engine import LLM
+
+    _free, total = torch.cuda.mem_get_info()
+    before = torch.cuda.memory_reserved()
+    llm = LLM(str(tiny_chat_model_folder), device="cuda", gpu_memory_utilization=0.3,
+              speculative_method="none")
+    llm.generate("hello", None)
+    assert torch.cuda.memory_reserved() - before <= 0.3 * total
+    assert llm.engine.limits.num_kv_blocks > 0
