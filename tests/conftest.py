@@ -13,6 +13,25 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+# The device engine-level tests run on: the accelerator when there is one (override with
+# SPECSERVE_TEST_DEVICE=cpu), so `make test` on a GPU machine tests the GPU path.
+TEST_DEVICE = torch.device(os.environ.get("SPECSERVE_TEST_DEVICE")
+                           or ("cuda" if torch.cuda.is_available() else "cpu"))
+# Devices that device-generic unit tests (models, sampler) run on: the CPU and the accelerator.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def make_llm(model: str | None = None, **options):
+    """An LLM on TEST_DEVICE, in float32 unless a test asks otherwise: tests compare against
+    transformers' float32 results or against the engine's own non-speculative output, and
+    bfloat16 is neither exact nor batch-invariant (README, "Lossless, precisely")."""
+    from engine import LLM
+
+    options.setdefault("device", str(TEST_DEVICE))
+    options.setdefault("dtype", "float32")
+    return LLM(model, **options)
+
+
 @pytest.fixture(scope="session")
 def default_model_folder():
     """Hugging Face folder of the embedded SmolLM2-135M-Instruct (dequantized from its GGUF)."""
@@ -33,9 +52,7 @@ def server():
 
 @pytest.fixture(scope="session")
 def default_llm():
-    from engine import LLM
-
-    return LLM()
+    return make_llm()
 
 
 def make_tiny_model(folder, model_type: str = "llama", tokenizer_from=None, **overrides):

@@ -7,11 +7,13 @@ import asyncio
 import pytest
 
 from engine import AsyncEngine, EngineConfig, SamplingParams
+from tests.conftest import TEST_DEVICE
 
 
 @pytest.fixture(scope="module")
 def async_engine(tiny_chat_model_folder):
-    engine = AsyncEngine.from_config(EngineConfig.from_kwargs(model=str(tiny_chat_model_folder)))
+    engine = AsyncEngine.from_config(EngineConfig.from_kwargs(
+        model=str(tiny_chat_model_folder), device=str(TEST_DEVICE), dtype="float32"))
     yield engine
     engine.shutdown()
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from engine import SamplingParams
+from tests.conftest import make_llm
 
 PROMPTS = [
     "The capital of France is",
@@ -59,7 +60,7 @@ def test_greedy_matches_transformers_in_one_batch(default_llm, hf_reference):
 
 def test_preemption_keeps_outputs_identical(hf_reference):
     # 8 prompts of ~10 tokens + 24 new tokens each need ~16 blocks of 16 at once; give 10.
-    llm = LLM(num_kv_blocks=10, block_size=16)
+    llm = make_llm(num_kv_blocks=10, block_size=16)
     outputs = llm.generate(PROMPTS, GREEDY)
     assert llm.engine.scheduler.num_preemptions > 0
     assert sum(o.num_preemptions for o in outputs) > 0
@@ -68,7 +69,7 @@ def test_preemption_keeps_outputs_identical(hf_reference):
 
 
 def test_chunked_prefill_keeps_outputs_identical(hf_reference):
-    llm = LLM(max_num_batched_tokens=5)
+    llm = make_llm(max_num_batched_tokens=5)
     outputs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outputs] == hf_reference
 
@@ -92,7 +93,7 @@ def test_prefix_cache_hits_for_shared_system_prompt(default_llm):
     min_hit = (system_tokens // 16 - 1) * 16
     assert all(o.num_cached_tokens >= min_hit for o in rest)
     assert stats.hits - hits_before >= 2 * min_hit
-    uncached = LLM(enable_prefix_caching=False).generate(prompts, GREEDY)
+    uncached = make_llm(enable_prefix_caching=False).generate(prompts, GREEDY)
     assert [o.token_ids for o in first + rest] == [o.token_ids for o in uncached]
     assert all(o.num_cached_tokens == 0 for o in uncached)
     _assert_all_blocks_free(default_llm)

@@ -8,9 +8,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import LLM, SamplingParams
+from engine import SamplingParams
 from engine.metrics import PrometheusMetrics
 from engine.stat_logger import PeriodicStatLogger
+from tests.conftest import make_llm
 
 PROMPTS = ["a b c d a b c d a b c d a b", "1 2 3 4 5 1 2 3 4 5 1 2", "Hello there", "x y x y x y"]
 
@@ -28,7 +29,7 @@ def _value(samples, name, **labels):
 
 @pytest.fixture(scope="module")
 def workload(tiny_chat_model_folder):
-    llm = LLM(str(tiny_chat_model_folder), speculative_method="ngram", adaptive=False)
+    llm = make_llm(str(tiny_chat_model_folder), speculative_method="ngram", adaptive=False)
     engine = llm.engine
     registry = CollectorRegistry()
     metrics = PrometheusMetrics(engine.model_name, registry, engine_state=lambda: (

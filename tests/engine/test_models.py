@@ -8,7 +8,7 @@ import torch
 from engine.attention.metadata import build_attention_metadata
 from engine.kv_cache import KVCache
 from engine.models.loader import load_model
-from tests.conftest import make_tiny_model
+from tests.conftest import DEVICES, make_tiny_model
 
 CPU = torch.device("cpu")
 BLOCK_SIZE = 4
@@ -26,33 +26,42 @@ FAMILIES = {
 }
 
 
-def _run_paged(model, token_ids: list[int], block_table: list[int], cache, chunks):
-    """Feeds `token_ids` in the given chunk sizes through the paged cache; returns all logits."""
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    return torch.device(request.param)
+
+
+def _run_paged(model, token_ids: list[int], block_table: list[int], cache, chunks,
+               device=CPU):
+    """Feeds `token_ids` in the given chunk sizes through the paged cache; returns all logits
+    (on the CPU)."""
     logits, start = [], 0
     for size in chunks:
         end = start + size
-        meta = build_attention_metadata([size], [end], [block_table], cache.block_size, CPU)
-        logits.append(model(torch.tensor(token_ids[start:end]), torch.arange(start, end), cache,
-                            meta, torch.arange(size)))
+        meta = build_attention_metadata([size], [end], [block_table], cache.block_size, device)
+        logits.append(model(torch.tensor(token_ids[start:end], device=device),
+                            torch.arange(start, end, device=device), cache, meta,
+                            torch.arange(size, device=device)).cpu())
         start = end
     return torch.cat(logits)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_logits_match_transformers(tmp_path, family):
+def test_logits_match_transformers(tmp_path, family, device):
     model_type, overrides = FAMILIES[family]
     hf_model = make_tiny_model(tmp_path, model_type, **overrides)
-    ours = load_model(str(tmp_path), CPU, torch.float32, with_tokenizer=False).model
+    ours = load_model(str(tmp_path), device, torch.float32, with_tokenizer=False).model
     torch.manual_seed(1)
     token_ids = torch.randint(0, 256, (40,)).tolist()
     with torch.no_grad():
         expected = hf_model(torch.tensor([token_ids])).logits[0]
     cache = KVCache(ours.arch, num_blocks=32, block_size=BLOCK_SIZE, dtype=torch.float32,
-                    device=CPU)
+                    device=device)
     # Scattered, out-of-order blocks; prefill in uneven chunks (one of them batched-size) and then
     # one token at a time, exercising both attention paths.
     block_table = [7, 3, 12, 0, 25, 9, 30, 1, 17, 4, 22]
-    got = _run_paged(ours, token_ids, block_table, cache, chunks=[17, 5, 9] + [1] * 9)
+    got = _run_paged(ours, token_ids, block_table, cache, chunks=[17, 5, 9] + [1] * 9,
+                     device=device)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
@@ -72,23 +81,23 @@ def test_layer_subset_matches_truncated_transformers(tmp_path):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
-def test_batched_requests_match_single(tmp_path):
+def test_batched_requests_match_single(tmp_path, device):
     """Three requests of different lengths in one flat batch give each its own logits."""
     make_tiny_model(tmp_path, "llama")
-    ours = load_model(str(tmp_path), CPU, torch.float32, with_tokenizer=False).model
+    ours = load_model(str(tmp_path), device, torch.float32, with_tokenizer=False).model
     prompts = [list(range(5, 25)), list(range(40, 47)), list(range(100, 133))]
     singles = []
     for p in prompts:
-        cache = KVCache(ours.arch, 16, BLOCK_SIZE, torch.float32, CPU)
-        singles.append(_run_paged(ours, p, list(range(16)), cache, [len(p)])[-1])
-    cache = KVCache(ours.arch, 48, BLOCK_SIZE, torch.float32, CPU)
+        cache = KVCache(ours.arch, 16, BLOCK_SIZE, torch.float32, device)
+        singles.append(_run_paged(ours, p, list(range(16)), cache, [len(p)], device)[-1])
+    cache = KVCache(ours.arch, 48, BLOCK_SIZE, torch.float32, device)
     tables = [list(range(0, 16)), list(range(16, 32)), list(range(32, 48))]
     meta = build_attention_metadata([len(p) for p in prompts], [len(p) for p in prompts], tables,
-                                    BLOCK_SIZE, CPU)
-    flat = torch.tensor([t for p in prompts for t in p])
-    positions = torch.cat([torch.arange(len(p)) for p in prompts])
-    last = torch.tensor([19, 26, 59])
-    got = ours(flat, positions, cache, meta, last)
+                                    BLOCK_SIZE, device)
+    flat = torch.tensor([t for p in prompts for t in p], device=device)
+    positions = torch.cat([torch.arange(len(p)) for p in prompts]).to(device)
+    last = torch.tensor([19, 26, 59], device=device)
+    got = ours(flat, positions, cache, meta, last).cpu()
     torch.testing.assert_close(got, torch.stack(singles), atol=1e-4, rtol=1e-4)
 
 

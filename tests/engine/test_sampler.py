@@ -16,15 +16,27 @@ from engine.sampler import (
     target_probs,
 )
 from engine.sampling_params import SamplingParams
+from tests.conftest import DEVICES
 
-CPU = torch.device("cpu")
 FORGED_PROBS = [0.5, 0.3, 0.15, 0.05]
+
+
+@pytest.fixture(autouse=True, params=DEVICES)
+def device(request):
+    """Every test on every device present: tensors made without a device land on it."""
+    with torch.device(request.param):
+        yield torch.device(request.param)
+
+
+def rng(seed: int) -> torch.Generator:
+    return torch.Generator(device=torch.get_default_device()).manual_seed(seed)
 
 
 def make_batch(params, vocab_size, prompts=None, outputs=None, generator=None):
     prompts = prompts or [[] for _ in params]
     outputs = outputs or [[] for _ in params]
-    return build_sampling_batch(params, prompts, outputs, vocab_size, CPU, generator)
+    return build_sampling_batch(params, prompts, outputs, vocab_size, torch.get_default_device(),
+                                generator)
 
 
 def kept(row: torch.Tensor) -> set[int]:
@@ -37,17 +49,17 @@ def forged_logits() -> torch.Tensor:  # [1, 4]
 
 # ------------------------------------------------------------------------------------ greedy
 def test_all_greedy_is_argmax():
-    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(0))
+    logits = torch.randn(5, 40, generator=rng(0))
     out = sample(logits, make_batch([SamplingParams(temperature=0)] * 5, 40))
     assert torch.equal(out.token_ids, logits.argmax(dim=-1))
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_greedy_rows_mixed_with_sampled_rows_are_argmax(seed):
-    logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(seed))
+    logits = torch.randn(4, 40, generator=rng(seed))
     params = [SamplingParams(temperature=0), SamplingParams(temperature=1.5, top_k=10),
               SamplingParams(temperature=0), SamplingParams(temperature=1.0, seed=seed)]
-    batch = make_batch(params, 40, generator=torch.Generator().manual_seed(seed))
+    batch = make_batch(params, 40, generator=rng(seed))
     assert batch.any_greedy and not batch.all_greedy
     token_ids = sample(logits, batch).token_ids
     assert token_ids[0] == logits[0].argmax() and token_ids[2] == logits[2].argmax()
@@ -55,7 +67,7 @@ def test_greedy_rows_mixed_with_sampled_rows_are_argmax(seed):
 
 # ----------------------------------------------------------------------------------- filters
 def test_top_k_keeps_exactly_the_k_best_per_row():
-    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    logits = torch.randn(3, 50, generator=rng(1))
     batch = make_batch([SamplingParams(top_k=5), SamplingParams(top_k=1),
                         SamplingParams(top_k=17)], 50)
     masked = apply_top_k_top_p_min_p(logits, batch)
@@ -95,7 +107,7 @@ def test_top_token_always_survives():
 def test_disabled_filters_change_nothing_even_beside_filtered_rows():
     # One dominant token over a long tail: the float32 cumsum reaches 1.0 long before the tail
     # ends, which once masked the tail of rows whose top_p was disabled.
-    logits = torch.randn(3, 20_000, generator=torch.Generator().manual_seed(2)) * 3
+    logits = torch.randn(3, 20_000, generator=rng(2)) * 3
     logits[:, 7] = 25.0
     params = [SamplingParams(), SamplingParams(top_k=20_000, top_p=1.0, min_p=0.0),
               SamplingParams(top_k=5, top_p=0.5, min_p=0.1)]
@@ -117,7 +129,7 @@ def test_build_sampling_batch_normalizes_disabled_settings():
 
 @pytest.mark.parametrize("temperature", [0.25, 0.7, 1.0, 2.5])
 def test_temperature_scales_distribution(temperature):
-    logits = torch.randn(2, 30, generator=torch.Generator().manual_seed(3))
+    logits = torch.randn(2, 30, generator=rng(3))
     batch = make_batch([SamplingParams(temperature=temperature)] * 2, 30)
     expected = (logits / temperature).softmax(dim=-1)
     torch.testing.assert_close(target_probs(logits, batch), expected)
@@ -170,7 +182,7 @@ def test_logit_bias_adds_to_its_own_row_and_token():
 
 
 def test_logit_bias_equals_sampling_from_biased_logits():
-    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(4))
+    logits = torch.randn(3, 20, generator=rng(4))
     bias = {2: 3.0, 11: -1.0}
     params = [SamplingParams(seed=s, logit_bias=bias if s == 1 else None) for s in range(3)]
     biased = logits.clone()
@@ -185,7 +197,8 @@ def test_logit_bias_equals_sampling_from_biased_logits():
 
 # ---------------------------------------------------------------------------- seeded sampling
 def test_seeded_generator_depends_only_on_seed_and_position():
-    draw = lambda seed, pos: torch.rand(8, generator=seeded_generator(seed, pos, CPU))  # noqa: E731
+    device = torch.get_default_device()
+    draw = lambda seed, pos: torch.rand(8, generator=seeded_generator(seed, pos, device))  # noqa: E731
     assert torch.equal(draw(7, 3), draw(7, 3))
     assert not torch.equal(draw(7, 3), draw(7, 4))
     assert not torch.equal(draw(7, 3), draw(8, 3))
@@ -193,7 +206,7 @@ def test_seeded_generator_depends_only_on_seed_and_position():
 
 def test_seeded_rows_ignore_other_rows_and_row_order():
     vocab = 1000
-    logits_a, logits_b = torch.randn(2, vocab, generator=torch.Generator().manual_seed(5))
+    logits_a, logits_b = torch.randn(2, vocab, generator=rng(5))
     a, b = SamplingParams(seed=42, top_p=0.95), SamplingParams(seed=7)
     out_a, out_b = [5, 6, 7], [1]
     alone = sample(logits_a[None], make_batch([a], vocab, outputs=[out_a])).token_ids[0]
@@ -203,7 +216,7 @@ def test_seeded_rows_ignore_other_rows_and_row_order():
                     SamplingParams(top_k=3)]
     mixed = sample(mixed_logits, make_batch(mixed_params, vocab,
                                             outputs=[[], out_b, [9], out_a, []],
-                                            generator=torch.Generator().manual_seed(99))).token_ids
+                                            generator=rng(99))).token_ids
     swapped = sample(torch.stack([logits_a, logits_b]),
                      make_batch([a, b], vocab, outputs=[out_a, out_b])).token_ids
     assert mixed[3] == alone == swapped[0]
@@ -226,7 +239,7 @@ def test_seeded_tokens_differ_across_positions_and_seeds():
 
 # --------------------------------------------------------------------------------- logprobs
 def test_logprobs_are_those_of_raw_logits():
-    logits = torch.randn(3, 30, generator=torch.Generator().manual_seed(6))
+    logits = torch.randn(3, 30, generator=rng(6))
     params = [SamplingParams(logprobs=4, temperature=0.5, logit_bias={1: 2.0}),
               SamplingParams(logprobs=2, temperature=0, presence_penalty=1.0),
               SamplingParams(logprobs=None, seed=3)]
@@ -241,7 +254,7 @@ def test_logprobs_are_those_of_raw_logits():
 
 
 def test_logprobs_zero_gives_chosen_only_and_none_gives_nothing():
-    logits = torch.randn(2, 10, generator=torch.Generator().manual_seed(7))
+    logits = torch.randn(2, 10, generator=rng(7))
     zero = sample(logits, make_batch([SamplingParams(temperature=0, logprobs=0)] * 2, 10))
     assert zero.logprobs is not None and zero.top_logprobs is None and zero.top_token_ids is None
     none = sample(logits, make_batch([SamplingParams(temperature=0)] * 2, 10))

@@ -11,7 +11,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.sampler import SamplingBatch, target_probs
-from tests.conftest import make_tiny_model
+from tests.conftest import make_llm, make_tiny_model
 
 PROMPTS = [
     "The capital of France is",
@@ -28,7 +28,7 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0)
 
 @pytest.fixture(scope="module")
 def plain_outputs():
-    llm = LLM(speculative_method="none")
+    llm = make_llm(speculative_method="none")
     return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
@@ -45,7 +45,7 @@ def method_options(tiny_chat_model_folder):
 
 @pytest.mark.parametrize("method", ["ngram", "draft", "layer-skip"])
 def test_greedy_speculation_is_lossless(method, method_options, plain_outputs):
-    llm = LLM(adaptive=False, num_speculative_tokens=4, **method_options[method])
+    llm = make_llm(adaptive=False, num_speculative_tokens=4, **method_options[method])
     one_at_a_time = [llm.generate(p, GREEDY)[0] for p in PROMPTS]
     assert [o.token_ids for o in one_at_a_time] == plain_outputs
     batched = llm.generate(PROMPTS, GREEDY)
@@ -61,7 +61,7 @@ def test_greedy_speculation_is_lossless(method, method_options, plain_outputs):
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_greedy_speculation_is_lossless_under_preemption(method, method_options, plain_outputs):
-    llm = LLM(adaptive=False, num_speculative_tokens=4, num_kv_blocks=12,
+    llm = make_llm(adaptive=False, num_speculative_tokens=4, num_kv_blocks=12,
               **method_options[method])
     outputs = llm.generate(PROMPTS, GREEDY)
     assert llm.engine.scheduler.num_preemptions > 0
@@ -70,7 +70,7 @@ def test_greedy_speculation_is_lossless_under_preemption(method, method_options,
 
 
 def test_adaptive_speculation_is_lossless(plain_outputs):
-    llm = LLM(speculative_method="ngram")
+    llm = make_llm(speculative_method="ngram")
     one_at_a_time = [llm.generate(p, GREEDY)[0] for p in PROMPTS]
     assert [o.token_ids for o in one_at_a_time] == plain_outputs
     # Not vacuous: alone, each request's drafts pay, so the controller let drafts through and the
@@ -83,7 +83,7 @@ def test_adaptive_speculation_is_lossless(plain_outputs):
 
 
 def test_draft_equal_to_target_is_always_accepted(tiny_chat_model_folder):
-    llm = LLM(str(tiny_chat_model_folder), speculative_method="draft",
+    llm = make_llm(str(tiny_chat_model_folder), speculative_method="draft",
               draft_model=str(tiny_chat_model_folder), adaptive=False, num_speculative_tokens=3)
     for params in (SamplingParams(max_tokens=20, temperature=0, ignore_eos=True),
                    SamplingParams(max_tokens=20, temperature=1.0, ignore_eos=True)):
@@ -96,7 +96,7 @@ def test_draft_equal_to_target_is_always_accepted(tiny_chat_model_folder):
 def test_draft_with_another_vocabulary_is_refused(tmp_path, default_model_folder):
     make_tiny_model(tmp_path, vocab_size=300, tokenizer_from=default_model_folder)
     with pytest.raises(ValueError, match="does not share the target's vocabulary"):
-        LLM(speculative_method="draft", draft_model=str(tmp_path))
+        make_llm(speculative_method="draft", draft_model=str(tmp_path))
 
 
 # --------------------------------------------------------------- sampling: exact distribution
@@ -187,7 +187,7 @@ def test_sampled_speculation_matches_the_target_distribution(
     params = SamplingParams(max_tokens=4, temperature=1.0, top_p=top_p, ignore_eos=True)
     expected = _exact_joint(hf_target, params)
     options = {"draft_model": str(draft)} if method == "draft" else {}
-    llm = LLM(str(target), speculative_method=method, adaptive=False, num_speculative_tokens=3,
+    llm = make_llm(str(target), speculative_method=method, adaptive=False, num_speculative_tokens=3,
               max_num_seqs=512, max_num_batched_tokens=8192, enable_prefix_caching=False,
               **options)
     samples = _sample_first_three(llm, params)
@@ -205,7 +205,7 @@ def test_plain_sampling_matches_the_target_distribution(small_vocab_models):
     """The reference the speculative runs are held to: our non-speculative sampler."""
     target, _, hf_target = small_vocab_models
     params = SamplingParams(max_tokens=3, temperature=1.0, ignore_eos=True)
-    llm = LLM(str(target), speculative_method="none", max_num_seqs=512,
+    llm = make_llm(str(target), speculative_method="none", max_num_seqs=512,
               max_num_batched_tokens=8192)
     assert not _chi_square_rejects(_sample_first_three(llm, params),
                                    _exact_joint(hf_target, params))
