@@ -53,7 +53,7 @@ def ops(request, monkeypatch):
 
 def _engine_after_prefill(tiny_chat_model_folder, method: str):
     llm = make_llm(str(tiny_chat_model_folder), speculative_method=method, adaptive=False,
-              num_speculative_tokens=3)
+                   num_speculative_tokens=3)
     engine = llm.engine
     for params in MIXED:
         engine.add_request(PROMPT, params)
