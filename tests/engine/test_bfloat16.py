@@ -11,7 +11,6 @@ log-probability margin is at most NEAR_TIE_NATS) and, for sampling, the target's
 
 from __future__ import annotations
 
-
 from engine import SamplingParams
 from tests.conftest import make_llm
 from tests.engine.test_spec_decode_engine import PROMPTS, _broken_verify
