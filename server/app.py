@@ -39,6 +39,7 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
 
     server_metrics = metrics.ServerMetrics(settings.metrics_prefix)
     lifecycle = Lifecycle(settings)
+    lifecycle.render_metrics = server_metrics.render
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -39,6 +39,9 @@ IDLE_WAIT_S = 5.0  # for the engine to free the aborted requests' blocks
 POLL_S = 0.05
 WARM_UP_PROMPT = "Warm-up."
 WEDGE_ENV = "SPECSERVE_FAULT_WEDGE_ENGINE"  # tests only: "1" wedges the first step after warm-up
+# The /metrics series the drain's last log line quotes: what a scrape would read just before exit.
+FINAL_SERIES = ("num_requests_running", "num_requests_waiting", "num_requests_queued",
+                "kv_cache_usage_perc", "kv_cache_free_blocks", "kv_cache_num_blocks")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class Lifecycle:
         self.warmed_up = False
         self.draining = False
         self.on_drained: Callable[[], None] = lambda: None
+        self.render_metrics: Callable[[], bytes] | None = None  # the /metrics exposition
         self._drain_task: asyncio.Task | None = None
 
     async def start(self, context: ServerContext) -> None:
@@ -131,7 +135,14 @@ class Lifecycle:
                     time.monotonic() - started, len(admission.in_flight),
                     len(scheduler.running), len(scheduler.waiting), blocks.usage,
                     blocks.num_free_blocks, blocks.num_blocks, "" if idle else "; NOT idle")
+        if self.render_metrics is not None:
+            logger.info("final /metrics: %s", "; ".join(_final_series(self.render_metrics())))
         self.on_drained()
+
+
+def _final_series(exposition: bytes) -> list[str]:
+    return [line for line in exposition.decode().splitlines() if not line.startswith("#")
+            and line.split("{", 1)[0].rsplit(":", 1)[-1] in FINAL_SERIES]
 
 
 async def _wait_until(done: Callable[[], bool], timeout_s: float,

@@ -58,12 +58,13 @@ class RunningServer:
 
 @contextmanager
 def running_server(args: list[str], model: str, env: dict[str, str] | None = None,
-                   metrics_prefix: str = "specserve"):
+                   metrics_prefix: str = "specserve", log_file=None):
+    """`log_file`: an open file for the server's stderr (its log), else the test's stderr."""
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "server", "serve", "--port", str(port), "--log-level", "warning",
          *args],
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **(env or {})}, stderr=log_file,
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -84,3 +85,41 @@ def running_server(args: list[str], model: str, env: dict[str, str] | None = Non
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextmanager
+def running_prometheus(config_text: str, folder):
+    """A real Prometheus with this config on a free loopback port, its data under `folder`; yields
+    its base URL once ready. Callers skip when `shutil.which("prometheus")` is None."""
+    import shutil
+
+    config = folder / "prometheus.yml"
+    config.write_text(config_text)
+    port = free_port()
+    process = subprocess.Popen(
+        [shutil.which("prometheus"), f"--config.file={config}",
+         f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, "prometheus exited"
+            assert time.monotonic() < deadline, "prometheus not ready"
+            try:
+                if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def prometheus_query(url: str, expr: str) -> list:
+    """The result vector of an instant query; asserts the query itself is valid."""
+    body = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10).json()
+    assert body["status"] == "success", (expr, body)
+    return body["data"]["result"]

@@ -245,3 +245,12 @@ def test_readme_compose_commands_name_existing_files():
     assert ["docker", "compose", "up", "-d", "--build"] in commands
     files = [words[i + 1] for words in commands for i, w in enumerate(words) if w == "-f"]
     assert sorted(set(files)) == sorted(COMPOSE_FILES)
+
+
+def test_compose_gives_the_drain_time_before_killing():
+    from server.context import DEFAULT_DRAIN_TIMEOUT_S
+    from server.lifecycle import ABORT_GRACE_S
+
+    grace = compose()["services"]["specserve"]["stop_grace_period"]
+    seconds = int(re.fullmatch(r"(\d+)s", grace).group(1))
+    assert seconds > DEFAULT_DRAIN_TIMEOUT_S + 2 * ABORT_GRACE_S
