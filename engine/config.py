@@ -24,6 +24,11 @@ class ModelConfig:
     # "auto": a GGUF model on CPU keeps its quantized blocks (native kernels); "gguf": insist on
     # that; "none": dequantize to float weights.
     quantization: str = "auto"
+    # Decode/verify steps laid out in fixed padded shapes over persistent buffers
+    # (engine/static_runner.py). None: on CUDA, where graphs replay them; off on CPU, where the
+    # unpadded flat batch is cheaper.
+    padded_steps: bool | None = None
+    enforce_eager: bool = False  # no CUDA graphs: padded steps (if on) run eagerly
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:

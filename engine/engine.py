@@ -26,6 +26,7 @@ from engine.request import Request, RequestStatus
 from engine.sampler import SamplerOutput, compute_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.static_runner import StaticStepRunner
 from engine.spec_decode.factory import build_speculation
 from engine.spec_decode.verifier import verify_requests
 from engine.stats import StepRecorder, request_stats
@@ -66,9 +67,23 @@ class LLMEngine:
             max_model_len=min(config.model.max_model_len or arch.max_position_embeddings,
                               arch.max_position_embeddings),
         )
-        kv_cache = KVCache(arch, self.limits.num_kv_blocks, self.limits.block_size, self.dtype,
-                           self.device)
+        padded = config.model.padded_steps
+        if padded is None:
+            padded = self.device.type == "cuda"
+        # Padded steps write their padding rows' KV into one scratch block past the manager's.
+        kv_cache = KVCache(arch, self.limits.num_kv_blocks + int(padded), self.limits.block_size,
+                           self.dtype, self.device)
         self.runner = ModelRunner(loaded.model, kv_cache, self.device)
+        self.static_runner = None
+        if padded:
+            spec = config.speculative
+            self.static_runner = StaticStepRunner(
+                loaded.model, kv_cache, self.limits.block_size,
+                scratch_block=self.limits.num_kv_blocks,
+                max_num_seqs=config.scheduler.max_num_seqs,
+                max_query_len=1 + (spec.num_speculative_tokens if spec.enabled else 0),
+                max_model_len=self.limits.max_model_len, device=self.device,
+                use_graphs=not config.model.enforce_eager)
         self.block_manager = BlockManager(self.limits.num_kv_blocks, self.limits.block_size,
                                           config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.limits.max_model_len)
@@ -199,9 +214,13 @@ class LLMEngine:
         if plan.is_empty:
             return []
         draft_probs = self._propose(plan) if self.controller is not None else {}
-        model_input = build_model_input(plan.scheduled, self.limits.block_size, self.device)
         started = time.perf_counter()
-        logits = self.runner.execute(model_input)
+        if self.static_runner is not None and self.static_runner.fits(plan.scheduled):
+            model_input = self.static_runner.prepare(plan.scheduled)
+            logits = self.static_runner.run(model_input)
+        else:
+            model_input = build_model_input(plan.scheduled, self.limits.block_size, self.device)
+            logits = self.runner.execute(model_input)
         owners = model_input.logits_owners
         requests = [plan.scheduled[i].request for i in owners]
         emitted_by_owner = verify_requests(requests, model_input.logits_row_starts, logits,

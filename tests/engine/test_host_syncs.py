@@ -51,9 +51,15 @@ def ops(request, monkeypatch):
     return request.param
 
 
-def _engine_after_prefill(tiny_chat_model_folder, method: str):
+@pytest.fixture(params=["flat", "padded"])
+def layout(request):
+    """The flat step layout and the padded one over persistent buffers (CUDA's default)."""
+    return request.param
+
+
+def _engine_after_prefill(tiny_chat_model_folder, method: str, layout: str):
     llm = make_llm(str(tiny_chat_model_folder), speculative_method=method, adaptive=False,
-                   num_speculative_tokens=3)
+                   num_speculative_tokens=3, padded_steps=layout == "padded")
     engine = llm.engine
     for params in MIXED:
         engine.add_request(PROMPT, params)
@@ -67,16 +73,16 @@ def _assert_one_read(syncs, outputs):
     assert not syncs.blocking_copies, dict(syncs.blocking_copies)
 
 
-def test_a_decode_step_reads_the_device_once(tiny_chat_model_folder, ops):
-    engine = _engine_after_prefill(tiny_chat_model_folder, "none")
+def test_a_decode_step_reads_the_device_once(tiny_chat_model_folder, ops, layout):
+    engine = _engine_after_prefill(tiny_chat_model_folder, "none", layout)
     with count_host_syncs() as syncs:
         outputs = engine.step()
     _assert_one_read(syncs, outputs)
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["one-hot-drafts", "sampled-drafts"])
-def test_a_verify_step_reads_the_device_once(tiny_chat_model_folder, sampled, ops):
-    engine = _engine_after_prefill(tiny_chat_model_folder, "ngram")
+def test_a_verify_step_reads_the_device_once(tiny_chat_model_folder, sampled, ops, layout):
+    engine = _engine_after_prefill(tiny_chat_model_folder, "ngram", layout)
     engine.proposer = FixedDrafts(engine.vocab_size, sampled, engine.device)
     with count_host_syncs() as syncs:
         outputs = engine.step()
