@@ -65,7 +65,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="token budget of one engine step (longer prompts prefill in chunks)")
     p.add_argument("--kv-cache-memory", type=float, default=None,
-                   help="KV cache size in GiB (default: 1 on CPU, 80%% of free GPU memory)")
+                   help="KV cache size in GiB (default: 1 on CPU; on a GPU what "
+                        "--gpu-memory-utilization leaves after weights and activations)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="share of the GPU's total memory this server may use: weights, "
+                        "activations and KV cache (default: %(default)s)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs: decode and verify steps launch their kernels one by one")
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help="exact number of KV blocks (overrides --kv-cache-memory)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -97,6 +103,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         quantization=args.quantization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory_gib=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching,
         speculative_method=args.speculative_method,
         num_speculative_tokens=args.num_speculative_tokens, draft_model=args.draft_model,
