@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from server.lifecycle import ABORT_GRACE_S
-from tests.server.conftest import assert_error, sse_events
+from tests.server.conftest import assert_error
 from tests.servers import running_server
 
 DRAIN_TIMEOUT_S = 4
@@ -42,7 +42,10 @@ def _run_stream(base_url: str, stream: Stream) -> None:
         with httpx.stream("POST", f"{base_url}/v1/completions", json=body,
                           timeout=60) as response:
             stream.status = response.status_code
-            for payload in sse_events(response.iter_lines()):
+            for line in response.iter_lines():  # as they come: sse_events() reads to the end
+                if not line.startswith("data: "):
+                    continue
+                payload = line[len("data: "):]
                 stream.events.append(payload)
                 if payload == "[DONE]":
                     continue

@@ -1,0 +1,39 @@
+"""`specserve bench serve --duration ... --disconnect-fraction ...` (the soak run) against a real
+server on a tiny model: arrivals stop at the duration, planned hang-ups are counted apart from
+failures, the server's RSS / KV usage are sampled and, once it is idle, no request or KV block is
+left behind by the clients that left."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.servers import running_server
+
+
+def test_timed_run_with_clients_that_hang_up(tiny_chat_model_folder, tmp_path):
+    args = ["--model", str(tiny_chat_model_folder), "--served-model-name", "tiny",
+            "--speculative-method", "none"]
+    output = tmp_path / "soak.json"
+    with running_server(args, "tiny") as server:
+        result = subprocess.run(
+            [sys.executable, "-m", "server", "bench", "serve", "--base-url", server.base_url,
+             "--workload", "chat", "--max-tokens", "400", "--ignore-eos", "--concurrency", "64",
+             "--request-rate", "8", "--duration", "4", "--disconnect-fraction", "0.5",
+             "--disconnect-within", "0.3", "--no-progress", "--output", str(output)],
+            capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        idle = server.wait_until_idle(timeout=30)
+    (run,) = json.loads(output.read_text())["runs"]
+    (r,) = run["results"]
+    sent = r["num_requests"] + r["client_disconnects"]
+    assert 10 <= sent <= 80  # ~8/s for 4 s, then no more
+    assert r["failed"] == 0, r["errors"]
+    assert r["completed"] == r["num_requests"] >= 1
+    assert r["client_disconnects"] >= 1  # 400 tokens take longer than 0.3 s
+    assert r["total_output_tokens"] == 400 * r["completed"]
+    state = r["server_state"]
+    assert state["before"]["rss_bytes"] > 0 and state["after_idle"]["idle"] is True
+    assert state["after_idle"]["kv_cache_usage_perc"] == 0
+    assert idle["kv_cache_free_blocks"] == idle["kv_cache_num_blocks"]
