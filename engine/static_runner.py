@@ -36,16 +36,17 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
     return buckets[index] if index < len(buckets) else n
 
 
-def width_bucket(num_blocks: int, max_blocks: int) -> int:
-    """Block-table width: the next power of two, at most the longest table there can be."""
-    return min(1 << max(num_blocks - 1, 0).bit_length(), max_blocks)
+def power_of_two_bucket(n: int, cap: int) -> int:
+    """The next power of two, at most `cap`: block-table widths and query lengths take few
+    values, so few shapes (and graphs) cover every step."""
+    return min(1 << max(n - 1, 0).bit_length(), cap)
 
 
 @dataclass(frozen=True)
 class StepShape:
     num_seqs: int  # bucketed
-    query_len: int  # tokens per sequence
-    width: int  # block-table width in blocks
+    query_len: int  # tokens per sequence (a power of two, or the most a step feeds)
+    width: int  # block-table width in blocks (a power of two, or the longest table)
 
 
 @dataclass
@@ -99,8 +100,9 @@ class StaticStepRunner:
         fed = [s.num_fed_tokens for s in scheduled]
         num_blocks = max(-(-(s.request.num_computed_tokens + n) // self.block_size)
                          for s, n in zip(scheduled, fed))
-        shape = StepShape(bucket_for(len(scheduled), self.buckets), max(fed),
-                          width_bucket(num_blocks, self.max_blocks))
+        shape = StepShape(bucket_for(len(scheduled), self.buckets),
+                          power_of_two_bucket(max(fed), self.max_query_len),
+                          power_of_two_bucket(num_blocks, self.max_blocks))
         n_tok = shape.num_seqs * shape.query_len
         ids = torch.zeros(n_tok, dtype=torch.long)
         positions = torch.zeros(n_tok, dtype=torch.long)
@@ -146,12 +148,14 @@ class StaticStepRunner:
     def run(self, step: StaticStep) -> torch.Tensor:  # [num_logits, vocab] float32
         shape = step.shape
         if self.use_graphs and shape not in self._eager_shapes:
-            logits = self._replay(shape)
+            hidden = self._replay(shape)
         else:
-            logits = self._forward(shape)
-        return logits.index_select(0, step.logits_rows)
+            hidden = self._forward(shape)
+        # The LM head runs outside the graph, on the wanted rows only: a graph's output stays
+        # [rows, hidden] instead of [rows, vocab], and padding rows cost no head matmul.
+        return self.model.logits(hidden, step.logits_rows)
 
-    def _forward(self, shape: StepShape) -> torch.Tensor:  # [num_seqs * query_len, vocab]
+    def _forward(self, shape: StepShape) -> torch.Tensor:  # [num_seqs * query_len, hidden]
         n_tok = shape.num_seqs * shape.query_len
         rows = self._rows[:n_tok]
         meta = AttentionMetadata(
@@ -166,8 +170,8 @@ class StaticStepRunner:
                 num_seqs=shape.num_seqs, max_query_len=shape.query_len,
                 block_size=self.block_size),
             chunks=[], block_size=self.block_size)
-        return self.model(self.input_ids[:n_tok], self.positions[:n_tok], self.kv_cache, meta,
-                          rows)
+        return self.model.hidden_states(self.input_ids[:n_tok], self.positions[:n_tok],
+                                        self.kv_cache, meta)
 
     def _replay(self, shape: StepShape) -> torch.Tensor:
         entry = self._graphs.get(shape)
@@ -175,9 +179,9 @@ class StaticStepRunner:
             entry = self._capture(shape)
             if entry is None:
                 return self._forward(shape)
-        graph, logits = entry
+        graph, hidden = entry
         graph.replay()
-        return logits
+        return hidden
 
     def _capture(self, shape: StepShape):
         """Captures the forward of one shape (after a warm-up run on a side stream, as CUDA
@@ -190,10 +194,10 @@ class StaticStepRunner:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._graph_pool):
-                logits = self._forward(shape)
+                hidden = self._forward(shape)
             self._graph_pool = graph.pool()
-            self._graphs[shape] = (graph, logits)
-            return graph, logits
+            self._graphs[shape] = (graph, hidden)
+            return graph, hidden
         except Exception as error:  # keep serving: this shape stays eager
             logger.warning("CUDA graph capture failed for %s (%s); running it eagerly", shape,
                            error)

@@ -130,6 +130,18 @@ class LlamaForCausalLM(nn.Module):
         logits_indices: torch.Tensor,  # [num_logits] rows of the batch whose logits are needed
         layer_ids: Sequence[int] | None = None,  # None: all layers
     ) -> torch.Tensor:  # [num_logits, vocab] float32
+        hidden = self.hidden_states(input_ids, positions, kv_caches, meta, layer_ids)
+        return self.logits(hidden, logits_indices)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[num_rows, vocab] float32: final norm and LM head at the given rows only."""
+        return self.lm_head(self.norm(hidden[rows])).float()
+
+    @torch.inference_mode()
+    def hidden_states(self, input_ids, positions, kv_caches, meta: AttentionMetadata,
+                      layer_ids: Sequence[int] | None = None) -> torch.Tensor:
+        """[num_tokens, hidden] after the decoder layers (before the final norm); writes KV."""
         x = self.embed(input_ids)
         layers = range(self.arch.num_layers) if layer_ids is None else layer_ids
         fused = cpu_ops_for(x)
@@ -141,7 +153,7 @@ class LlamaForCausalLM(nn.Module):
             for i in layers:
                 k_cache, v_cache = kv_caches[i]
                 x = self.layers[i](x, positions, self.rotary, k_cache, v_cache, meta)
-        return self.lm_head(self.norm(x[logits_indices])).float()
+        return x
 
     def _fused_decode(self, fused, x, positions, kv_caches, meta, layers, weights) -> None:
         """A decode/verify step's layers as one compiled call each, in place on x; `weights`:

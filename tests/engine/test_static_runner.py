@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import SamplingParams
-from engine.static_runner import bucket_for, width_bucket
+from engine.static_runner import bucket_for, power_of_two_bucket
 from tests.conftest import make_llm
 from tests.engine.test_spec_decode_engine import PROMPTS
 
@@ -23,7 +23,7 @@ METHODS = {
 def test_buckets_and_widths():
     buckets = (1, 2, 4, 6)
     assert [bucket_for(n, buckets) for n in (1, 2, 3, 5, 6)] == [1, 2, 4, 6, 6]
-    assert [width_bucket(n, 40) for n in (1, 2, 3, 5, 17, 33)] == [1, 2, 4, 8, 32, 40]
+    assert [power_of_two_bucket(n, 40) for n in (1, 2, 3, 5, 17, 33)] == [1, 2, 4, 8, 32, 40]
 
 
 @pytest.fixture(params=["fused-cpu-ops", "torch-ops"])
@@ -40,16 +40,17 @@ def test_padded_steps_give_the_flat_steps_tokens(tiny_chat_model_folder, method,
     llm = make_llm(folder, padded_steps=True, max_num_seqs=6, **METHODS[method])
     runner = llm.engine.static_runner
     shapes, buffers = [], set()
-    prepare, forward = runner.prepare, llm.engine.runner.model.forward
+    model = llm.engine.runner.model
+    prepare, hidden_states = runner.prepare, model.hidden_states
 
     def spy_prepare(scheduled):
         step = prepare(scheduled)
         shapes.append((len(scheduled), step.shape))
         return step
 
-    def spy_forward(input_ids, *args, **kwargs):
+    def spy_hidden_states(input_ids, *args, **kwargs):
         buffers.add(input_ids.untyped_storage().data_ptr())
-        return forward(input_ids, *args, **kwargs)
+        return hidden_states(input_ids, *args, **kwargs)
 
     runner.prepare = spy_prepare
     padded = llm.generate(PROMPTS, PARAMS)
@@ -60,7 +61,7 @@ def test_padded_steps_give_the_flat_steps_tokens(tiny_chat_model_folder, method,
     if method != "none":
         assert any(shape.query_len > 1 for _, shape in shapes)
         assert sum(o.spec_stats.num_accepted_tokens for o in padded) > 0
-    llm.engine.runner.model.forward = spy_forward
+    model.hidden_states = spy_hidden_states
     llm.generate(PROMPTS[:3], PARAMS[:3])
     assert runner.input_ids.untyped_storage().data_ptr() in buffers
     manager = llm.engine.block_manager
