@@ -4,14 +4,13 @@ returns data. Skipped, with the reason, where Debian's `prometheus` is not insta
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 
 import httpx
 import pytest
 
 from tests.deploy.dashboards import dashboard_expressions
-from tests.servers import DEFAULT_MODEL, free_port
+from tests.servers import DEFAULT_MODEL, prometheus_query, running_prometheus
 
 SCRAPE_INTERVAL_S = 1
 
@@ -21,44 +20,15 @@ COPY_PROMPT = ("Repeat this list exactly, twice: alpha, beta, gamma, delta, epsi
 
 @pytest.fixture
 def prometheus(server, tmp_path):
-    binary = shutil.which("prometheus")
-    if binary is None:
+    if shutil.which("prometheus") is None:
         pytest.skip("Prometheus is not installed (`make test` installs Debian's package "
                     "`prometheus` where it can): dashboards not evaluated against a real one")
     target = server.base_url.removeprefix("http://")
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        f"global:\n  scrape_interval: {SCRAPE_INTERVAL_S}s\n"
-        f"scrape_configs:\n  - job_name: specserve\n    static_configs:\n"
-        f"      - targets: ['{target}']\n")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, "prometheus exited"
-            assert time.monotonic() < deadline, "prometheus not ready"
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+    config = (f"global:\n  scrape_interval: {SCRAPE_INTERVAL_S}s\n"
+              f"scrape_configs:\n  - job_name: specserve\n    static_configs:\n"
+              f"      - targets: ['{target}']\n")
+    with running_prometheus(config, tmp_path) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def _query(url: str, expr: str) -> list:
-    response = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10)
-    body = response.json()
-    assert body["status"] == "success", (expr, body)
-    return body["data"]["result"]
 
 
 def _send_traffic(server) -> None:
@@ -83,9 +53,9 @@ def test_every_dashboard_expression_returns_data(server, prometheus):
     time.sleep(3 * SCRAPE_INTERVAL_S)
     _send_traffic(server)
     time.sleep(3 * SCRAPE_INTERVAL_S)
-    up = _query(prometheus, 'up{job="specserve"}')
+    up = prometheus_query(prometheus, 'up{job="specserve"}')
     assert up and up[0]["value"][1] == "1", up
     expressions = dashboard_expressions(DEFAULT_MODEL)
     assert len(expressions) >= 20
-    empty = [expr for expr in expressions if not _query(prometheus, expr)]
+    empty = [expr for expr in expressions if not prometheus_query(prometheus, expr)]
     assert not empty, f"{len(empty)} of {len(expressions)} expressions returned no data: {empty}"
