@@ -24,7 +24,7 @@ from benchmarks.report import finish, load_report
 from benchmarks.server_metrics import scrape_spec_counters, speculation_summary
 from benchmarks.server_state import sample_states, scrape_state, state_when_idle
 from benchmarks.serving_metrics import summarize
-from benchmarks.workloads import KINDS, Workload, load_dataset, load_workloads
+from benchmarks.workloads import Workload, load_dataset, load_workloads
 
 ALL_PROMPTS = 10_000  # more than any bundled set holds
 STATE_EVERY_S = 30.0  # server-state samples during a timed (soak) run
