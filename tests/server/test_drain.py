@@ -164,3 +164,27 @@ def test_a_second_signal_exits_at_once(long_context_tiny_model, server_log):
         for thread in threads:
             thread.join(timeout=10)
     assert returncode == 128 + signal.SIGINT
+
+
+def test_a_non_streamed_request_cut_by_the_drain_comes_back_whole(long_context_tiny_model,
+                                                                   server_log):
+    with _start(long_context_tiny_model, server_log) as server:
+        url = server.base_url
+        answer: dict = {}
+
+        def post() -> None:
+            response = httpx.post(f"{url}/v1/completions", timeout=60, json={
+                "model": "tiny", "prompt": "Once upon a time", "max_tokens": LONG_TOKENS,
+                "ignore_eos": True})
+            answer["status"], answer["body"] = response.status_code, response.json()
+
+        client = threading.Thread(target=post)
+        client.start()
+        _wait_for(lambda: server.metrics()["num_requests_running"] == 1)
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=DRAIN_TIMEOUT_S + 3 * ABORT_GRACE_S + 10) == 0
+        client.join(timeout=10)
+    assert answer["status"] == 200, answer
+    (choice,) = answer["body"]["choices"]
+    assert choice["finish_reason"] == "abort" and choice["text"]
+    assert 0 < answer["body"]["usage"]["completion_tokens"] < LONG_TOKENS
