@@ -8,6 +8,8 @@ Probes and the graceful drain live in `server/lifecycle.py`.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
@@ -43,7 +45,15 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine = await asyncio.to_thread(AsyncEngine.from_config, engine_config)
+        try:
+            engine = await asyncio.to_thread(AsyncEngine.from_config, engine_config)
+        except ValueError as error:
+            # What the engine found wrong at start (the GPU memory share does not fit, a flag
+            # that does not suit the model): one line, as the CLI's own checks print, not
+            # uvicorn's traceback of a failed lifespan.
+            sys.stderr.write(f"specserve: error: {error}\n")
+            sys.stderr.flush()
+            os._exit(1)
         context = ServerContext(engine, settings.served_model_name or engine.engine.model_name,
                                 settings, Admission(settings.max_queue))
         await lifecycle.start(context)  # before the metrics listeners: warm-up is not traffic

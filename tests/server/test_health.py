@@ -28,3 +28,18 @@ def test_bad_model_path_fails_fast_with_one_line():
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
         "specserve: error: model path does not exist: /nonexistent/model")
+
+
+def test_an_engine_that_cannot_start_fails_with_one_line(tiny_chat_model_folder):
+    """Errors found while the engine starts (here a KV budget of not even one block; on a GPU, a
+    --gpu-memory-utilization the card cannot give) end the process with one line."""
+    result = subprocess.run(
+        [sys.executable, "-m", "server", "serve", "--model", str(tiny_chat_model_folder),
+         "--kv-cache-memory", "1e-9", "--port", str(free_port())],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("specserve: error: the KV cache budget of 0.000 GiB holds not even "
+                           "one block"), result.stderr
+    assert "Traceback" not in result.stderr
