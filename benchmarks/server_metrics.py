@@ -41,15 +41,21 @@ def spec_counters(exposition: str) -> dict[str, float]:
     return counters
 
 
-async def scrape_spec_counters(client: httpx.AsyncClient, base_url: str) -> dict[str, float] | None:
-    """The counters at `base_url`/metrics now; None when the server has no readable /metrics."""
+async def scrape(client: httpx.AsyncClient, base_url: str, parse):
+    """`parse(exposition)` of `base_url`/metrics now; None when the server has no readable
+    /metrics."""
     try:
         response = await client.get(f"{base_url}/metrics")
         if response.status_code != 200:
             return None
-        return spec_counters(response.text)
+        return parse(response.text)
     except (httpx.HTTPError, ValueError):  # unreachable, or not the Prometheus text format
         return None
+
+
+async def scrape_spec_counters(client: httpx.AsyncClient, base_url: str) -> dict[str, float] | None:
+    """The counters at `base_url`/metrics now; None when the server has no readable /metrics."""
+    return await scrape(client, base_url, spec_counters)
 
 
 def speculation_summary(before: dict[str, float] | None,

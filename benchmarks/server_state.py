@@ -14,6 +14,8 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.server_metrics import scrape
+
 GAUGES = {
     "rss_bytes": "process_resident_memory_bytes",
     "kv_cache_usage_perc": "kv_cache_usage_perc",
@@ -35,13 +37,8 @@ def server_state(exposition: str) -> dict[str, float]:
 
 
 async def scrape_state(client: httpx.AsyncClient, base_url: str) -> dict[str, float] | None:
-    try:
-        response = await client.get(f"{base_url}/metrics")
-        if response.status_code != 200:
-            return None
-        return {"t": round(time.time(), 1), **server_state(response.text)}
-    except (httpx.HTTPError, ValueError):
-        return None
+    return await scrape(client, base_url,
+                        lambda text: {"t": round(time.time(), 1), **server_state(text)})
 
 
 async def state_when_idle(client: httpx.AsyncClient, base_url: str,
