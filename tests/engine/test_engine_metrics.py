@@ -98,4 +98,3 @@ def test_periodic_log_line(caplog):
     assert record.getMessage() == (
         "prompt 20.0 tok/s, generation 6.0 tok/s, running 3, waiting 1, KV cache 25.0%, "
         "drafts accepted 50.0%, mean acceptance length 3.00")
-
