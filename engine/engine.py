@@ -16,26 +16,22 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, EngineLimits
 from engine.detokenizer import IncrementalDetokenizer
-from engine.device import free_memory_bytes, pick_device, pick_dtype, total_memory_bytes
-from engine.kv_cache import KVCache, bytes_per_block, num_blocks_for_budget
-from engine.memory import gpu_kv_cache_budget, profile_forward
+from engine.device import free_memory_bytes, pick_device, pick_dtype
+from engine.kv_cache import KVCache, bytes_per_block
+from engine.memory import num_kv_blocks
 from engine.model_runner import ModelRunner, build_model_input
 from engine.models.loader import load_model
 from engine.outputs import RequestOutput, TokenLogprob
 from engine.request import Request, RequestStatus
-from engine.sampler import SamplerOutput, compute_logprobs
+from engine.sampler import compute_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.static_runner import StaticStepRunner
 from engine.spec_decode.factory import build_speculation
 from engine.spec_decode.verifier import verify_requests
+from engine.static_runner import StaticStepRunner, uses_padded_steps
 from engine.stats import StepRecorder, request_stats
 
 logger = logging.getLogger(__name__)
-
-# KV cache size on CPU when no budget is given (1 GiB holds ~23k tokens of SmolLM2-135M in
-# float32); on a GPU, --gpu-memory-utilization decides (engine/memory.py).
-CPU_KV_MEMORY_BYTES = 2**30
 
 
 @dataclass
@@ -62,28 +58,19 @@ class LLMEngine:
         arch = loaded.model.arch
         self.vocab_size = arch.vocab_size
         self.limits = EngineLimits(
-            num_kv_blocks=self._num_kv_blocks(loaded.model, free_at_start),
+            num_kv_blocks=num_kv_blocks(config, loaded.model, self.dtype, self.device,
+                                        free_at_start),
             block_size=config.cache.block_size,
             max_model_len=min(config.model.max_model_len or arch.max_position_embeddings,
                               arch.max_position_embeddings),
         )
-        padded = config.model.padded_steps
-        if padded is None:
-            padded = self.device.type == "cuda"
+        padded = uses_padded_steps(config, self.device)
         # Padded steps write their padding rows' KV into one scratch block past the manager's.
         kv_cache = KVCache(arch, self.limits.num_kv_blocks + int(padded), self.limits.block_size,
                            self.dtype, self.device)
         self.runner = ModelRunner(loaded.model, kv_cache, self.device)
-        self.static_runner = None
-        if padded:
-            spec = config.speculative
-            self.static_runner = StaticStepRunner(
-                loaded.model, kv_cache, self.limits.block_size,
-                scratch_block=self.limits.num_kv_blocks,
-                max_num_seqs=config.scheduler.max_num_seqs,
-                max_query_len=1 + (spec.num_speculative_tokens if spec.enabled else 0),
-                max_model_len=self.limits.max_model_len, device=self.device,
-                use_graphs=not config.model.enforce_eager)
+        self.static_runner = StaticStepRunner.for_engine(
+            config, loaded.model, kv_cache, self.limits, self.device) if padded else None
         self.block_manager = BlockManager(self.limits.num_kv_blocks, self.limits.block_size,
                                           config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.limits.max_model_len)
@@ -100,31 +87,6 @@ class LLMEngine:
                     self.model_name, str(self.dtype).removeprefix("torch."), self.device,
                     self.limits.num_kv_blocks, self.limits.block_size,
                     self.proposer.name if self.proposer else "none")
-
-    def _num_kv_blocks(self, model, free_at_start: int | None) -> int:
-        cache = self.config.cache
-        if cache.num_kv_blocks is not None:
-            return cache.num_kv_blocks
-        if cache.kv_cache_memory_gib is not None:
-            budget = int(cache.kv_cache_memory_gib * 2**30)
-        elif free_at_start is None:
-            budget = CPU_KV_MEMORY_BYTES
-        else:
-            scheduler = self.config.scheduler
-            max_k = self.config.speculative.num_speculative_tokens \
-                if self.config.speculative.enabled else 0
-            profile_forward(model, cache.block_size, self.dtype, self.device,
-                            min(scheduler.max_num_batched_tokens,
-                                model.arch.max_position_embeddings),
-                            scheduler.max_num_seqs * (max_k + 1))
-            budget = gpu_kv_cache_budget(
-                total_memory_bytes(self.device), free_at_start,
-                free_at_start - free_memory_bytes(self.device), cache.gpu_memory_utilization)
-            if self.config.speculative.speculative_method == "draft":
-                # The draft's own KV pool has as many blocks, each no larger than the
-                # target's for a draft smaller than the target: half the budget each.
-                budget //= 2
-        return num_blocks_for_budget(model.arch, cache.block_size, self.dtype, budget)
 
     @property
     def kv_block_bytes(self) -> int:
@@ -304,7 +266,7 @@ class LLMEngine:
             rows = logits[row_start:row_start + len(new_ids)]
             out = compute_logprobs(rows, torch.tensor(new_ids, device=rows.device),
                                    request.sampling_params.logprobs)
-            delta_logprobs = [_token_logprob(t, i, out) for i, t in enumerate(new_ids)]
+            delta_logprobs = [TokenLogprob.from_sampler(t, i, out) for i, t in enumerate(new_ids)]
             state.logprobs.extend(delta_logprobs)
         if request.is_finished:
             self._finished(request)
@@ -331,9 +293,3 @@ class LLMEngine:
             spec_stats=request.spec_stats,
         )
 
-
-def _token_logprob(token_id: int, row: int, out: SamplerOutput) -> TokenLogprob:
-    top = []
-    if out.top_token_ids is not None:
-        top = list(zip(out.top_token_ids[row].tolist(), out.top_logprobs[row].tolist()))
-    return TokenLogprob(token_id, float(out.logprobs[row]), top)

@@ -11,10 +11,41 @@ from __future__ import annotations
 import torch
 
 from engine.attention.metadata import build_attention_metadata
-from engine.device import synchronize
-from engine.kv_cache import KVCache
+from engine.config import EngineConfig
+from engine.device import free_memory_bytes, synchronize, total_memory_bytes
+from engine.kv_cache import KVCache, num_blocks_for_budget
 
 GIB = 2**30
+# KV cache size on CPU when no budget is given (1 GiB holds ~23k tokens of SmolLM2-135M in
+# float32); on a GPU, --gpu-memory-utilization decides.
+CPU_KV_MEMORY_BYTES = GIB
+
+
+def num_kv_blocks(config: EngineConfig, model, dtype: torch.dtype, device: torch.device,
+                  free_at_start: int | None) -> int:
+    """KV blocks of the target model: given outright, from --kv-cache-memory, 1 GiB on CPU, or
+    on a GPU the share of --gpu-memory-utilization that the weights and a profiled largest step
+    leave. `free_at_start`: free accelerator memory before the model loaded (None on CPU)."""
+    cache, scheduler, spec = config.cache, config.scheduler, config.speculative
+    if cache.num_kv_blocks is not None:
+        return cache.num_kv_blocks
+    if cache.kv_cache_memory_gib is not None:
+        budget = int(cache.kv_cache_memory_gib * GIB)
+    elif free_at_start is None:
+        budget = CPU_KV_MEMORY_BYTES
+    else:
+        max_k = spec.num_speculative_tokens if spec.enabled else 0
+        profile_forward(model, cache.block_size, dtype, device,
+                        min(scheduler.max_num_batched_tokens, model.arch.max_position_embeddings),
+                        scheduler.max_num_seqs * (max_k + 1))
+        budget = gpu_kv_cache_budget(total_memory_bytes(device), free_at_start,
+                                     free_at_start - free_memory_bytes(device),
+                                     cache.gpu_memory_utilization)
+        if spec.speculative_method == "draft":
+            # The draft's own KV pool has as many blocks, each no larger than the target's for
+            # a draft smaller than the target: half the budget each.
+            budget //= 2
+    return num_blocks_for_budget(model.arch, cache.block_size, dtype, budget)
 
 
 def gpu_kv_cache_budget(total: int, free_at_start: int, used_by_us: int,

@@ -13,6 +13,14 @@ class TokenLogprob:
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)  # best alternatives, best first
 
+    @classmethod
+    def from_sampler(cls, token_id: int, row: int, out) -> "TokenLogprob":
+        """Row `row` of a sampler.SamplerOutput, for the token actually emitted there."""
+        top = []
+        if out.top_token_ids is not None:
+            top = list(zip(out.top_token_ids[row].tolist(), out.top_logprobs[row].tolist()))
+        return cls(token_id, float(out.logprobs[row]), top)
+
 
 @dataclass
 class RequestOutput:

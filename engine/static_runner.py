@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.metadata import AttentionMetadata, BatchedGroup
+from engine.config import EngineConfig, EngineLimits
 from engine.device import copy_to_device
 from engine.scheduler import ScheduledRequest
 
@@ -60,7 +61,25 @@ class StaticStep:
     logits_row_starts: list[int]
 
 
+def uses_padded_steps(config: EngineConfig, device: torch.device) -> bool:
+    """`padded_steps` as configured; by default on CUDA only (on CPU the flat batch is cheaper)."""
+    padded = config.model.padded_steps
+    return device.type == "cuda" if padded is None else padded
+
+
 class StaticStepRunner:
+    @classmethod
+    def for_engine(cls, config: EngineConfig, model, kv_cache, limits: EngineLimits,
+                   device: torch.device) -> "StaticStepRunner":
+        """The runner of an engine whose KV cache holds one scratch block past the
+        `limits.num_kv_blocks` the block manager hands out."""
+        spec = config.speculative
+        return cls(model, kv_cache, limits.block_size, scratch_block=limits.num_kv_blocks,
+                   max_num_seqs=config.scheduler.max_num_seqs,
+                   max_query_len=1 + (spec.num_speculative_tokens if spec.enabled else 0),
+                   max_model_len=limits.max_model_len, device=device,
+                   use_graphs=not config.model.enforce_eager)
+
     def __init__(self, model, kv_cache, block_size: int, scratch_block: int, max_num_seqs: int,
                  max_query_len: int, max_model_len: int, device: torch.device,
                  use_graphs: bool):
