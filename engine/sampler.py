@@ -186,15 +186,14 @@ def sample_from_probs(probs: torch.Tensor, generators: list) -> torch.Tensor:  #
     """Draws one token per row: argmax(p / E) with E ~ Exponential(1) is a draw from p
     (the exponential race), and lets each row use its own generator without a per-row loop
     over the vocabulary in Python."""
-    noise = torch.empty_like(probs)
-    for row, generator in enumerate(generators):
-        noise[row] = exponential_noise(probs[row], generator)
-    return (probs / noise).argmax(dim=-1)
+    return (probs / exponential_(torch.empty_like(probs), generators)).argmax(dim=-1)
 
 
-def exponential_noise(like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Exponential(1) draws shaped like `like`; never zero, so p / E never makes 0 / 0."""
-    noise = torch.empty_like(like).exponential_(generator=generator)
+def exponential_(noise: torch.Tensor, generators: list) -> torch.Tensor:
+    """Fills row i of `noise` with Exponential(1) draws from generators[i], in place; never
+    zero, so p / E never makes 0 / 0."""
+    for row, generator in zip(noise, generators):
+        row.exponential_(generator=generator)
     return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
 

@@ -21,7 +21,7 @@ from engine.sampler import (
     SamplingBatch,
     build_sampling_batch,
     choose_tokens,
-    exponential_noise,
+    exponential_,
     process_logits,
     target_probs,
 )
@@ -123,10 +123,9 @@ def _verify_sampled_drafts(probs_all: torch.Tensor, batch: SamplingBatch,
         greedy=torch.zeros(len(seqs), dtype=torch.bool, device=device),
         target_argmax=target.argmax(dim=-1),
     )
-    noise = torch.ones_like(target)
+    noise = torch.ones_like(target)  # positions past a sequence's own drafts are never chosen
     for i, gens in enumerate(generators):
-        for j, generator in enumerate(gens):
-            noise[i, j] = exponential_noise(target[i, j], generator)
+        exponential_(noise[i, :len(gens)], gens)
     chosen_noise = noise.gather(1, out.num_accepted.view(-1, 1, 1).expand(-1, 1, noise.shape[-1]))
     next_tokens = (out.next_token_probs / chosen_noise.squeeze(1)).argmax(dim=-1)
     return out.num_accepted, next_tokens
