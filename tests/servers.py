@@ -88,10 +88,17 @@ def running_server(args: list[str], model: str, env: dict[str, str] | None = Non
 
 
 @contextmanager
-def running_prometheus(config_text: str, folder):
+def running_prometheus(config_text: str, folder, unchecked: str):
     """A real Prometheus with this config on a free loopback port, its data under `folder`; yields
-    its base URL once ready. Callers skip when `shutil.which("prometheus")` is None."""
+    its base URL once ready. Where Prometheus is not installed the calling test skips, saying
+    what then goes `unchecked`."""
     import shutil
+
+    import pytest
+
+    if shutil.which("prometheus") is None:
+        pytest.skip(f"Prometheus is not installed (`make test` installs Debian's package "
+                    f"`prometheus` where it can): {unchecked}")
 
     config = folder / "prometheus.yml"
     config.write_text(config_text)

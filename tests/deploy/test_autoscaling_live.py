@@ -6,7 +6,6 @@ the pod (a series, not nothing). Skipped where Prometheus is not installed."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 
@@ -33,16 +32,14 @@ def queued_server(tiny_chat_model_folder):
 
 @pytest.fixture
 def prometheus(queued_server, tmp_path):
-    if shutil.which("prometheus") is None:
-        pytest.skip("Prometheus is not installed (`make test` installs Debian's package "
-                    "`prometheus` where it can): autoscaling queries not evaluated")
     target = queued_server.base_url.removeprefix("http://")
     discovered = {"__meta_kubernetes_namespace": NAMESPACE, "__meta_kubernetes_pod_name": POD,
                   "__meta_kubernetes_pod_label_app": "specserve",
                   "__meta_kubernetes_pod_container_port_name": "http"}
     config = in_cluster_prometheus_config([{"targets": [target], "labels": discovered}])
     config["global"]["scrape_interval"] = "1s"
-    with running_prometheus(yaml.safe_dump(config), tmp_path) as url:
+    with running_prometheus(yaml.safe_dump(config), tmp_path,
+                            "autoscaling queries not evaluated") as url:
         yield url
 
 

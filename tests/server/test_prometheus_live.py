@@ -3,7 +3,6 @@ returns data. Skipped, with the reason, where Debian's `prometheus` is not insta
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import httpx
@@ -20,14 +19,12 @@ COPY_PROMPT = ("Repeat this list exactly, twice: alpha, beta, gamma, delta, epsi
 
 @pytest.fixture
 def prometheus(server, tmp_path):
-    if shutil.which("prometheus") is None:
-        pytest.skip("Prometheus is not installed (`make test` installs Debian's package "
-                    "`prometheus` where it can): dashboards not evaluated against a real one")
     target = server.base_url.removeprefix("http://")
     config = (f"global:\n  scrape_interval: {SCRAPE_INTERVAL_S}s\n"
               f"scrape_configs:\n  - job_name: specserve\n    static_configs:\n"
               f"      - targets: ['{target}']\n")
-    with running_prometheus(config, tmp_path) as url:
+    with running_prometheus(config, tmp_path,
+                            "dashboards not evaluated against a real one") as url:
         yield url
 
 
