@@ -22,9 +22,12 @@ class PrometheusMetrics:
     """A stat listener (see `LLMEngine.add_stat_listener`) that keeps Prometheus metrics."""
 
     def __init__(self, model_name: str, registry: CollectorRegistry, prefix: str = "specserve",
-                 engine_state: Callable[[], tuple[int, int, float]] | None = None):
+                 engine_state: Callable[[], tuple[int, int, float]] | None = None,
+                 num_speculative_tokens: int = 0):
         """`engine_state()` -> (running, waiting, kv_cache_usage), read at scrape time so the
-        gauges are current even when no step runs (after the last request, after an abort)."""
+        gauges are current even when no step runs (after the last request, after an abort).
+        `num_speculative_tokens` (K): the per-position acceptance series 0..K-1 exist at 0 from
+        the start, as vLLM's do, so dashboards have data before the first acceptance."""
         self.registry = registry
         self.model_name = model_name
         self.prefix = prefix
@@ -86,6 +89,8 @@ class PrometheusMetrics:
                        self.num_emitted_tokens, self.preemptions, self.prefix_queries,
                        self.prefix_hits, self.prompt_tokens, self.generation_tokens):
             metric.labels(model_name)
+        for position in range(num_speculative_tokens):
+            self.accepted_per_pos.labels(model_name, str(position))
 
     def on_step(self, stats: StepStats) -> None:
         m = self.model_name

@@ -46,7 +46,9 @@ class ServerMetrics:
         engine_metrics = PrometheusMetrics(
             context.model_name, self.registry, self.prefix,
             engine_state=lambda: (len(engine.scheduler.running), len(engine.scheduler.waiting),
-                                  engine.block_manager.usage))
+                                  engine.block_manager.usage),
+            num_speculative_tokens=engine.config.speculative.num_speculative_tokens
+            if engine.config.speculative.enabled else 0)
         engine.add_stat_listener(engine_metrics)
         self.registry.register(_ServerCollector(context, self.prefix))
 

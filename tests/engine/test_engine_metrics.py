@@ -77,6 +77,18 @@ def test_metrics_prefix_renames_every_metric(tiny_chat_model_folder):
     assert names and all(name.startswith("vllm:") for name in names)
 
 
+def test_per_position_acceptance_series_exist_before_any_step():
+    """vLLM pre-creates spec_decode_num_accepted_tokens_per_pos for positions 0..K-1."""
+    registry = CollectorRegistry()
+    PrometheusMetrics("m", registry, num_speculative_tokens=4)
+    series = {dict(labels)["position"]: value for (name, labels), value in _samples(registry).items()
+              if name == "specserve:spec_decode_num_accepted_tokens_per_pos_total"}
+    assert series == {"0": 0.0, "1": 0.0, "2": 0.0, "3": 0.0}
+    plain = CollectorRegistry()
+    PrometheusMetrics("m", plain)  # no speculation, no per-position series
+    assert not any(name.endswith("per_pos_total") for name, _ in _samples(plain))
+
+
 def test_periodic_log_line(caplog):
     from engine.spec_decode.stats import SpecStats
     from engine.stats import StepStats

@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.config import SpeculativeConfig
+
 
 def test_metrics_count_a_request(server):
     server.wait_until_idle()
@@ -32,6 +34,14 @@ def test_metrics_are_valid_prometheus_text(server):
     names = {family.name for family in text_string_to_metric_families(response.text)}
     assert {"specserve:num_requests_running", "specserve:num_requests_queued",
             "specserve:time_to_first_token_seconds"} <= names
+
+
+def test_per_position_acceptance_series_for_every_draft_position(server):
+    families = text_string_to_metric_families(httpx.get(f"{server.base_url}/metrics").text)
+    positions = {sample.labels["position"] for family in families for sample in family.samples
+                 if sample.name == "specserve:spec_decode_num_accepted_tokens_per_pos_total"}
+    k = SpeculativeConfig().num_speculative_tokens  # the server runs the default
+    assert positions == {str(i) for i in range(k)}
 
 
 def test_metrics_prefix_vllm(guarded_server):
