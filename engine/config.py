@@ -79,7 +79,7 @@ class SchedulerConfig:
             )
 
 
-SPECULATIVE_METHODS = ("none", "ngram", "draft", "layer-skip")
+SPECULATIVE_METHODS = ("none", "ngram", "eagle", "draft", "layer-skip")
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,7 @@ class SpeculativeConfig:
     draft_model: str | None = None  # for "draft": HF folder or .gguf
     draft_layers: int | None = None  # for "layer-skip": how many layers the draft runs
     draft_layer_ids: tuple[int, ...] | None = None  # for "layer-skip": exactly these layers
+    draft_head: str | None = None  # for "eagle": a trained head's folder (default: the shipped one)
     ngram_max: int = 4
     ngram_min: int = 1
     adaptive: bool = True  # False: always draft K tokens (for measurements)

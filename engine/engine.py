@@ -179,14 +179,20 @@ class LLMEngine:
         started = time.perf_counter()
         if self.static_runner is not None and self.static_runner.fits(plan.scheduled):
             model_input = self.static_runner.prepare(plan.scheduled)
-            logits = self.static_runner.run(model_input)
+            hidden, logits = self.static_runner.run(model_input)
         else:
             model_input = build_model_input(plan.scheduled, self.limits.block_size, self.device)
-            logits = self.runner.execute(model_input)
+            hidden, logits = self.runner.execute(model_input)
         owners = model_input.logits_owners
         requests = [plan.scheduled[i].request for i in owners]
         emitted_by_owner = verify_requests(requests, model_input.logits_row_starts, logits,
                                            draft_probs, self.generator)
+        emitted = [[] for _ in plan.scheduled]
+        for owner, tokens in zip(owners, emitted_by_owner):
+            emitted[owner] = tokens
+        if self.proposer is not None:
+            self.proposer.observe_target_step(plan.scheduled, model_input.token_row_starts,
+                                              hidden, emitted)
         if self.controller is not None:
             if all(s.num_new_tokens == 1 for s in plan.scheduled):
                 # Only decode/verify steps teach the cost of a verified token: a prefill chunk's
@@ -194,13 +200,10 @@ class LLMEngine:
                 # they made drafts look ~2x cheaper than they are in a batch.
                 self.controller.observe_step(plan.num_batched_tokens,
                                              time.perf_counter() - started)
-            for request, emitted in zip(requests, emitted_by_owner):
+            for request, tokens in zip(requests, emitted_by_owner):
                 if request.draft_token_ids:
                     self.controller.observe_verification(
-                        request, len(request.draft_token_ids), len(emitted) - 1)
-        emitted = [[] for _ in plan.scheduled]
-        for owner, tokens in zip(owners, emitted_by_owner):
-            emitted[owner] = tokens
+                        request, len(request.draft_token_ids), len(tokens) - 1)
         num_before = [r.num_output_tokens for r in requests]
         self.scheduler.update_from_output(plan, emitted)
         now = time.monotonic()

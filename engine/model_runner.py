@@ -24,6 +24,8 @@ class ModelInput:
     # rows begin: one row for the last own token, then one per draft token.
     logits_owners: list[int]
     logits_row_starts: list[int]
+    # Per scheduled request, the row of its first fed token in the step's hidden states.
+    token_row_starts: list[int]
 
 
 def build_model_input(scheduled: Sequence[ScheduledRequest], block_size: int,
@@ -33,9 +35,10 @@ def build_model_input(scheduled: Sequence[ScheduledRequest], block_size: int,
     input_ids: list[int] = []
     positions: list[int] = []
     query_lens, context_lens, block_tables = [], [], []
-    logits_indices, logits_owners, logits_row_starts = [], [], []
+    logits_indices, logits_owners, logits_row_starts, token_row_starts = [], [], [], []
     for owner, s in enumerate(scheduled):
         request = s.request
+        token_row_starts.append(len(input_ids))
         start = request.num_computed_tokens
         drafts = request.draft_token_ids
         input_ids.extend(request.all_token_ids[start:start + s.num_new_tokens])
@@ -60,6 +63,7 @@ def build_model_input(scheduled: Sequence[ScheduledRequest], block_size: int,
         logits_indices=logits_indices_t,
         logits_owners=logits_owners,
         logits_row_starts=logits_row_starts,
+        token_row_starts=token_row_starts,
     )
 
 
@@ -69,9 +73,8 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = device
 
-    def execute(self, model_input: ModelInput,
-                layer_ids: Sequence[int] | None = None) -> torch.Tensor:  # [num_logits, vocab]
-        return self.model(
-            model_input.input_ids, model_input.positions, self.kv_cache, model_input.attention,
-            model_input.logits_indices, layer_ids=layer_ids,
-        )
+    def execute(self, model_input: ModelInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden states [num_tokens, hidden], logits [num_logits, vocab] float32)."""
+        hidden = self.model.hidden_states(model_input.input_ids, model_input.positions,
+                                          self.kv_cache, model_input.attention)
+        return hidden, self.model.logits(hidden, model_input.logits_indices)

@@ -55,6 +55,9 @@ class Request:
     # counters (writer: the scheduler); recent acceptance (writer: the speculation controller).
     draft_token_ids: list[int] = field(default_factory=list)
     num_draft_computed_tokens: int = 0
+    # The target's features (final hidden states) at positions the EAGLE head has not read yet,
+    # as (first position, [n, hidden]) runs (writer: the eagle proposer).
+    pending_features: list[tuple[int, object]] = field(default_factory=list)
     spec_stats: SpecStats = field(default_factory=SpecStats)
     acceptance: AcceptanceTracker = field(default_factory=AcceptanceTracker)
 

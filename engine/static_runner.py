@@ -59,6 +59,7 @@ class StaticStep:
     logits_rows: torch.Tensor  # [num_logits] rows of the padded layout to sample from
     logits_owners: list[int]
     logits_row_starts: list[int]
+    token_row_starts: list[int]  # per scheduled request, its first row in the padded layout
 
 
 def uses_padded_steps(config: EngineConfig, device: torch.device) -> bool:
@@ -162,9 +163,12 @@ class StaticStepRunner:
         self.block_tables[:b, :shape.width].copy_(tables, non_blocking=True)
         self.query_lens[:b].copy_(query_lens, non_blocking=True)
         self.context_lens[:b].copy_(context_lens, non_blocking=True)
-        return StaticStep(shape, rows, owners, row_starts)
+        return StaticStep(shape, rows, owners, row_starts,
+                          [i * shape.query_len for i in range(len(scheduled))])
 
-    def run(self, step: StaticStep) -> torch.Tensor:  # [num_logits, vocab] float32
+    def run(self, step: StaticStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden states of the padded layout, logits [num_logits, vocab] float32). The hidden
+        states may be a graph's output buffer: valid until the next step."""
         shape = step.shape
         if self.use_graphs and shape not in self._eager_shapes:
             hidden = self._replay(shape)
@@ -172,7 +176,7 @@ class StaticStepRunner:
             hidden = self._forward(shape)
         # The LM head runs outside the graph, on the wanted rows only: a graph's output stays
         # [rows, hidden] instead of [rows, vocab], and padding rows cost no head matmul.
-        return self.model.logits(hidden, step.logits_rows)
+        return hidden, self.model.logits(hidden, step.logits_rows)
 
     def _forward(self, shape: StepShape) -> torch.Tensor:  # [num_seqs * query_len, hidden]
         n_tok = shape.num_seqs * shape.query_len

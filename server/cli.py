@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import re
+from pathlib import Path
 
 from benchmarks.cli import add_bench_parser, run_bench
 from engine.config import SPECULATIVE_METHODS, EngineConfig
@@ -26,7 +27,28 @@ def build_parser() -> argparse.ArgumentParser:
                     "/v1/chat/completions, /v1/models, /health, /version, /metrics).")
     add_serve_arguments(serve)
     add_bench_parser(commands)
+    add_train_draft_parser(commands)
     return parser
+
+
+def add_train_draft_parser(commands) -> None:
+    p = commands.add_parser(
+        "train-draft", help="train an EAGLE draft head for a model (--speculative-method eagle)",
+        description="Builds training data from the target itself (its answers to built-in "
+                    "prompts, and Python source on disk), trains a one-layer EAGLE head, and "
+                    "writes it to --output for `specserve serve --speculative-method eagle "
+                    "--draft-head DIR`. Uses the GPU when there is one.")
+    p.add_argument("--model", default=None,
+                   help="Hugging Face folder or .gguf file (default: the embedded model)")
+    p.add_argument("--output", required=True, help="folder to write the head to")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if present)")
+    p.add_argument("--max-minutes", type=float, default=35.0,
+                   help="training time after the data is built (default: %(default)s)")
+    p.add_argument("--max-prompts", type=int, default=None,
+                   help="use only this many built-in prompts (quick runs)")
+    p.add_argument("--disk-code-tokens", type=int, default=30_000,
+                   help="tokens of standard-library Python source to add (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,14 +66,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "kernels, other models and devices use float weights; gguf: insist on "
                         "native blocks; none: dequantize to float weights (default: %(default)s)")
     p.add_argument("--speculative-method", default="ngram", choices=SPECULATIVE_METHODS,
-                   help="how draft tokens are proposed: none, ngram (prompt lookup), draft (a "
-                        "smaller model, --draft-model) or layer-skip (the target's first layers)"
-                        " (default: %(default)s)")
+                   help="how draft tokens are proposed: none, ngram (prompt lookup), eagle (a "
+                        "trained draft head on the target's features, --draft-head), draft (a "
+                        "smaller model, --draft-model) or layer-skip (a subset of the target's "
+                        "layers) (default: %(default)s)")
     p.add_argument("--num-speculative-tokens", type=int, default=5,
                    help="most draft tokens per step; fewer when speculation does not pay "
                         "(default: %(default)s)")
     p.add_argument("--draft-model", default=None,
                    help="draft model for --speculative-method draft (HF folder or .gguf)")
+    p.add_argument("--draft-head", default=None,
+                   help="trained head folder for --speculative-method eagle (default: the head "
+                        "shipped for the model; `specserve train-draft` makes one)")
     p.add_argument("--draft-layers", type=int, default=None,
                    help="layers the layer-skip draft runs (default: chosen by calibration)")
     p.add_argument("--draft-layer-ids", type=_layer_ids, default=None,
@@ -108,7 +134,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         speculative_method=args.speculative_method,
         num_speculative_tokens=args.num_speculative_tokens, draft_model=args.draft_model,
         draft_layers=args.draft_layers, draft_layer_ids=args.draft_layer_ids,
-        ngram_max=args.ngram_max, ngram_min=args.ngram_min,
+        draft_head=args.draft_head, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
     )
 
 
@@ -119,6 +145,19 @@ def _layer_ids(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers, got {text!r}")
 
 
+def run_train_draft(args: argparse.Namespace) -> None:
+    from engine.spec_decode.eagle_train import TrainOptions, train_draft
+
+    logging.basicConfig(level="WARNING")
+    options = TrainOptions(max_minutes=args.max_minutes, max_prompts=args.max_prompts,
+                           disk_code_tokens=args.disk_code_tokens, seed=args.seed)
+    try:
+        train_draft(args.model, Path(args.output), options, device=args.device,
+                    log=lambda line: print(line, flush=True))
+    except ValueError as error:
+        raise SystemExit(f"specserve train-draft: error: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
@@ -126,6 +165,9 @@ def main(argv: list[str] | None = None) -> None:
             run_bench(args)
         except ValueError as error:
             raise SystemExit(f"specserve bench: error: {error}") from None
+        return
+    if args.command == "train-draft":
+        run_train_draft(args)
         return
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -55,6 +55,26 @@ def default_llm():
     return make_llm()
 
 
+def make_random_head(model_folder, folder, draft_vocab_size: int, seed: int = 0,
+                     std: float = 0.02):
+    """Saves an untrained EAGLE head for the model in `model_folder` (its first
+    `draft_vocab_size` token ids as the draft vocabulary) and returns the folder."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from engine.models.architecture import LlamaArchitecture
+    from engine.spec_decode.eagle_head import EagleHead, EagleHeadConfig
+
+    arch = LlamaArchitecture.from_hf_config(AutoConfig.from_pretrained(model_folder))
+    head = EagleHead(arch, draft_vocab_size)
+    head.init_weights(torch.Generator().manual_seed(seed), std=std)
+    head.token_ids.copy_(torch.arange(draft_vocab_size))
+    head.save(Path(folder), EagleHeadConfig(asdict(arch), draft_vocab_size, "random"))
+    return folder
+
+
 def make_tiny_model(folder, model_type: str = "llama", tokenizer_from=None, **overrides):
     """Saves a small random model of the given family to `folder` and returns the HF model."""
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -48,6 +48,12 @@ class Linear(nn.Module):
         """Rows of W by id: a tied vocabulary matrix doubles as the token embedding."""
         if self.gguf is not None:
             return self.gguf.rows(ids)
+        if self.packed_weight is not None and self.weight.numel() == 0:
+            # Only the packed copy is kept: read W^T back through the kernel (x = identity).
+            eye = torch.eye(self.in_features, dtype=self.weight.dtype, device=ids.device)
+            unbiased = torch.ops.mkldnn._linear_pointwise(eye, self.packed_weight, None,
+                                                          "none", [], "")
+            return unbiased.t().index_select(0, ids)
         return F.embedding(ids, self.weight)
 
     def keep_in_blocks(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -16,6 +17,8 @@ from engine.spec_decode.controller import (
     LinearCostModel,
     SpeculationController,
 )
+from engine.spec_decode.eagle import EagleProposer
+from engine.spec_decode.eagle_head import load_head
 from engine.spec_decode.layer_skip import calibration_cache_file, choose_layers
 from engine.spec_decode.model_drafter import ModelDrafter
 from engine.spec_decode.ngram import NgramProposer
@@ -25,6 +28,7 @@ from engine.spec_decode.stats import PRIOR_ACCEPTANCE
 logger = logging.getLogger(__name__)
 
 NGRAM_SECONDS_PER_TOKEN = 2e-5  # a prior; measured online
+SHIPPED_HEADS = Path(__file__).parent / "heads"  # trained draft heads, one folder per model name
 
 
 def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, SpeculationController]:
@@ -45,6 +49,16 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
                                 engine.device, catch_up=True, shared_generator=engine.generator)
         draft_step = measure_step_cost(draft, kv_cache, engine.limits.block_size, engine.device)
         draft_cost = DraftCost(per_step=True, seconds_per_unit=draft_step(1))
+    elif spec.speculative_method == "eagle":
+        head = load_head(head_folder(spec.draft_head, engine.model_name), model, engine.device,
+                         engine.dtype)
+        kv_cache = KVCache(head.arch, engine.runner.kv_cache.num_blocks, engine.limits.block_size,
+                           engine.dtype, engine.device)
+        proposer = EagleProposer(head, model, kv_cache, engine.limits.block_size, engine.device,
+                                 shared_generator=engine.generator)
+        draft_cost = DraftCost(per_step=True, seconds_per_unit=measure_head_step(
+            head, model, kv_cache, engine.limits.block_size, engine.device))
+        prior = (head.config.training or {}).get("held_out_acceptance", prior)
     else:  # layer-skip
         layer_ids = list(spec.draft_layer_ids) if spec.draft_layer_ids else None
         bad = [i for i in layer_ids or [] if not 0 <= i < model.arch.num_layers]
@@ -63,6 +77,31 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
         draft_cost = DraftCost(per_step=True, seconds_per_unit=step_cost(1) * fraction)
     controller = SpeculationController(max_k, spec.adaptive, step_cost, draft_cost, prior)
     return proposer, controller
+
+
+def head_folder(draft_head: str | None, model_name: str) -> Path:
+    """--draft-head, else the head shipped for this model; ValueError where there is none."""
+    if draft_head:
+        return Path(draft_head)
+    shipped = SHIPPED_HEADS / model_name
+    if not shipped.is_dir():
+        raise ValueError(f"no draft head ships for {model_name}: train one with `specserve "
+                         f"train-draft --model PATH --output DIR` and pass --draft-head DIR")
+    return shipped
+
+
+def measure_head_step(head, target, kv_cache, block_size: int, device) -> float:
+    """Seconds of one draft step of one sequence: the head's layer and its LM head rows."""
+    meta = build_attention_metadata([1], [1], [[0]], block_size, device)
+    features = torch.zeros(1, target.arch.hidden_size, dtype=target.norm.weight.dtype,
+                           device=device)
+    ids = torch.zeros(1, dtype=torch.long, device=device)
+    timings = []
+    for _ in range(4):
+        start = time.perf_counter()
+        head.draft_logits(head(features, target.embed(ids), ids, kv_cache, meta)).argmax().item()
+        timings.append(time.perf_counter() - start)
+    return min(timings[1:])
 
 
 def load_draft_model(path: str, engine):

@@ -89,15 +89,23 @@ class ModelDrafter(Proposer):
             self.kv_cache, meta, torch.tensor(last_rows, device=self.device),
             layer_ids=self.layer_ids,
         )
-        params = [r.sampling_params for r in requests]
-        batch = build_sampling_batch(
-            params, [r.prompt_token_ids for r in requests],
-            [r.output_token_ids + d for r, d in zip(requests, drafts_so_far)],
-            logits.shape[-1], self.device, self.shared_generator, seed_offset=DRAFT_SEED_OFFSET,
-        )
-        if batch.all_greedy:
-            return logits.argmax(dim=-1).tolist(), [None] * len(requests)
-        processed = process_logits(logits, batch)
-        picks = choose_tokens(processed, batch).tolist()
-        probs = target_probs(processed, batch)
-        return picks, [None if p.greedy else probs[row] for row, p in enumerate(params)]
+        return sample_drafts(logits, requests, drafts_so_far, self.device, self.shared_generator)
+
+
+def sample_drafts(logits: torch.Tensor, requests, drafts_so_far, device: torch.device,
+                  generator: torch.Generator | None):
+    """Each request's next draft from the draft's logits [n, vocab], under the request's own
+    sampling settings: (picks, per request its distribution q, or None where it decodes greedily
+    and the draft is the argmax)."""
+    params = [r.sampling_params for r in requests]
+    batch = build_sampling_batch(
+        params, [r.prompt_token_ids for r in requests],
+        [r.output_token_ids + d for r, d in zip(requests, drafts_so_far)],
+        logits.shape[-1], device, generator, seed_offset=DRAFT_SEED_OFFSET,
+    )
+    if batch.all_greedy:
+        return logits.argmax(dim=-1).tolist(), [None] * len(requests)
+    processed = process_logits(logits, batch)
+    picks = choose_tokens(processed, batch).tolist()
+    probs = target_probs(processed, batch)
+    return picks, [None if p.greedy else probs[row] for row, p in enumerate(params)]

@@ -29,3 +29,9 @@ class Proposer(ABC):
         Called after the scheduler has reserved KV slots for the drafts, so a model-based
         proposer may write its KV at the draft positions of each request's block table.
         """
+
+    def observe_target_step(self, scheduled, row_starts, hidden: torch.Tensor,
+                            emitted: Sequence[Sequence[int]]) -> None:
+        """After each target step, before the scheduler records it: the step's hidden states
+        (request i's fed tokens from row `row_starts[i]`) and the tokens each request emitted.
+        Proposers that read the target's features keep what they need; others ignore it."""

@@ -11,7 +11,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.sampler import SamplingBatch, target_probs
-from tests.conftest import make_llm, make_tiny_model
+from tests.conftest import make_llm, make_random_head, make_tiny_model
 
 PROMPTS = [
     "The capital of France is",
@@ -33,17 +33,22 @@ def plain_outputs():
 
 
 @pytest.fixture(scope="module")
-def method_options(tiny_chat_model_folder):
+def method_options(tiny_chat_model_folder, default_model_folder, tmp_path_factory):
     """Each proposer, forced to draft K tokens every step (adaptive off) so that the test sees
-    many rejections. The draft model is a random tiny model: it differs from the target."""
+    many rejections. The draft model is a random tiny model: it differs from the target. The
+    eagle head is the one shipped for the default model (it is accepted often), and an
+    untrained one (it is rejected almost always)."""
+    untrained = make_random_head(default_model_folder, tmp_path_factory.mktemp("head"), 8192)
     return {
         "ngram": {"speculative_method": "ngram"},
         "draft": {"speculative_method": "draft", "draft_model": str(tiny_chat_model_folder)},
         "layer-skip": {"speculative_method": "layer-skip", "draft_layer_ids": (0, 1, 14, 29)},
+        "eagle": {"speculative_method": "eagle"},
+        "eagle-untrained": {"speculative_method": "eagle", "draft_head": str(untrained)},
     }
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft", "layer-skip"])
+@pytest.mark.parametrize("method", ["ngram", "draft", "layer-skip", "eagle", "eagle-untrained"])
 def test_greedy_speculation_is_lossless(method, method_options, plain_outputs):
     llm = make_llm(adaptive=False, num_speculative_tokens=4, **method_options[method])
     one_at_a_time = [llm.generate(p, GREEDY)[0] for p in PROMPTS]
@@ -59,7 +64,19 @@ def test_greedy_speculation_is_lossless(method, method_options, plain_outputs):
     assert manager.num_free_blocks == manager.num_blocks
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_the_shipped_eagle_head_is_accepted_often(method_options):
+    """The trained head earns its keep: most of its drafts are the target's own tokens (an
+    untrained head's almost never are), so the lossless tests above exercise acceptance."""
+    rates = {}
+    for method in ("eagle", "eagle-untrained"):
+        llm = make_llm(adaptive=False, num_speculative_tokens=3, **method_options[method])
+        stats = [o.spec_stats for o in llm.generate(PROMPTS, GREEDY)]
+        rates[method] = (sum(s.num_accepted_tokens for s in stats)
+                         / sum(s.num_draft_tokens for s in stats))
+    assert rates["eagle"] > 0.35 and rates["eagle-untrained"] < 0.1, rates
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft", "eagle"])
 def test_greedy_speculation_is_lossless_under_preemption(method, method_options, plain_outputs):
     llm = make_llm(adaptive=False, num_speculative_tokens=4, num_kv_blocks=12,
                    **method_options[method])
@@ -182,6 +199,9 @@ def _broken_verify(logits, batch, seqs):
 @pytest.mark.parametrize(("method", "top_p", "dtype"), [
     ("draft", 1.0, "float32"), ("draft", 0.8, "float32"),
     ("ngram", 1.0, "float32"), ("ngram", 0.8, "float32"),
+    # An untrained head's q is its real output: near-uniform over 5 of the 6 tokens, and zero
+    # on the one outside its draft vocabulary.
+    ("eagle", 1.0, "float32"), ("eagle", 0.8, "float32"),
     # bfloat16 rounds the target's probabilities by ~0.4%: far below what 6000 samples resolve,
     # while a wrong acceptance rule (the negative control) still stands out.
     ("draft", 1.0, "bfloat16"),
@@ -193,13 +213,16 @@ def test_sampled_speculation_matches_the_target_distribution(
     params = SamplingParams(max_tokens=4, temperature=1.0, top_p=top_p, ignore_eos=True)
     expected = _exact_joint(hf_target, params)
     options = {"draft_model": str(draft)} if method == "draft" else {}
+    if method == "eagle":
+        options = {"draft_head": str(make_random_head(target, target / "head", VOCAB - 1,
+                                                      std=0.3))}
     llm = make_llm(str(target), speculative_method=method, adaptive=False,
                    num_speculative_tokens=3, max_num_seqs=512, max_num_batched_tokens=8192,
                    enable_prefix_caching=False, dtype=dtype, **options)
     samples = _sample_first_three(llm, params)
     spec_stats = llm.engine.scheduler.spec_stats
     # Drafts were really verified (n-gram lookup finds a match only after some first tokens).
-    assert spec_stats.num_draft_tokens >= (1.5 if method == "draft" else 0.5) * NUM_SAMPLES
+    assert spec_stats.num_draft_tokens >= (0.5 if method == "ngram" else 1.5) * NUM_SAMPLES
     assert 0 < spec_stats.num_accepted_tokens < spec_stats.num_draft_tokens
     assert not _chi_square_rejects(samples, expected)
     # Negative control: the same test catches a sampler that accepts every draft.

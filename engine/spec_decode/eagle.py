@@ -1,0 +1,160 @@
+"""Drafting with an EAGLE head (engine/spec_decode/eagle_head.py) on the target's features.
+
+After every target step the engine hands over the hidden states of the positions that step
+settled (`observe_target_step`); they wait on the request, normalized, until its next proposal.
+A proposal then runs the head once over everything waiting (its catch-up: feature f_t with token
+t+1, for the positions since the last proposal) and K - 1 more times on its own predictions. The
+head's one-layer KV lives at the target's positions in the request's own blocks, so the scheduler's
+block tables and lookahead slots serve it unchanged; rejected drafts' entries are overwritten by
+the next catch-up.
+
+Where the request's context holds a real copy (an n-gram match of at least `ngram_min` tokens),
+the lookup's continuation is proposed instead: on copy-heavy text it is right more often than the
+head and costs nothing to draft.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.attention.metadata import build_attention_metadata
+from engine.device import copy_to_device
+from engine.request import Request
+from engine.spec_decode.eagle_head import EagleHead
+from engine.spec_decode.model_drafter import sample_drafts
+from engine.spec_decode.ngram import find_continuation
+from engine.spec_decode.proposer import Proposal, Proposer
+
+
+class EagleProposer(Proposer):
+    name = "eagle"
+
+    def __init__(self, head: EagleHead, target, kv_cache, block_size: int,
+                 device: torch.device, shared_generator: torch.Generator | None = None,
+                 ngram: tuple[int, int] | None = None):
+        """`ngram`: (max, min) lengths of the n-gram lookup tried first; None: the head only."""
+        self.head = head
+        self.target = target
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.device = device
+        self.shared_generator = shared_generator
+        self.ngram = ngram
+        self.num_sequential_steps = 0  # head forwards in the last propose(), for the cost model
+
+    # ------------------------------------------------------------ target features
+    def observe_target_step(self, scheduled, row_starts: Sequence[int], hidden: torch.Tensor,
+                            emitted: Sequence[Sequence[int]]) -> None:
+        """Keeps the features of every position this step settled: a request's new tokens and
+        its accepted drafts (rows from `row_starts[i]` in `hidden`). Call before the scheduler
+        advances `num_computed_tokens`."""
+        rows, runs = [], []
+        for s, row_start, tokens in zip(scheduled, row_starts, emitted):
+            settled = s.num_new_tokens + max(len(tokens) - 1, 0)
+            rows.extend(range(row_start, row_start + settled))
+            runs.append((s.request, s.request.num_computed_tokens, settled))
+        if not rows:
+            return
+        (index,) = copy_to_device([torch.tensor(rows, dtype=torch.long)], self.device)
+        features = self.target.norm(hidden.index_select(0, index))
+        offset = 0
+        for request, start, count in runs:
+            _keep_features(request, start, features[offset:offset + count])
+            offset += count
+
+    # ----------------------------------------------------------------- proposing
+    def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Proposal:
+        drafts: list[list[int]] = [[] for _ in requests]
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        active = []
+        for i, (request, k) in enumerate(zip(requests, num_tokens)):
+            if k <= 0:
+                continue
+            copied = find_continuation(request.all_token_ids, k, *self.ngram) if self.ngram else []
+            if copied:
+                drafts[i] = copied
+            elif request.pending_features:
+                active.append(i)
+        self.num_sequential_steps = 0
+        if active:
+            self._draft(requests, num_tokens, active, drafts, probs)
+        return Proposal(drafts, [torch.stack(q) if q else None for q in probs])
+
+    def _draft(self, requests, num_tokens, active, drafts, probs) -> None:
+        features, positions = self._take_pending([requests[i] for i in active])
+        token_ids = [requests[i].all_token_ids[p + 1] for i, run in zip(active, positions)
+                     for p in run]
+        lengths = [len(run) for run in positions]
+        predicted = self._forward(active, requests, features, token_ids,
+                                  [p for run in positions for p in run], lengths,
+                                  [run[-1] + 1 for run in positions])
+        last_rows = [sum(lengths[:n + 1]) - 1 for n in range(len(lengths))]
+        predicted = predicted.index_select(0, _on(last_rows, self.device))
+        # The head's prediction at position t is f^_{t+1}: fed back with the draft it chose.
+        next_position = {i: run[-1] + 1 for i, run in zip(active, positions)}
+        step = 0
+        while True:
+            logits = self._full_vocab_logits(self.head.draft_logits(predicted))
+            picks, q = sample_drafts(logits, [requests[i] for i in active],
+                                     [drafts[i] for i in active], self.device,
+                                     self.shared_generator)
+            for i, token, q_row in zip(active, picks, q):
+                drafts[i].append(token)
+                if q_row is not None:
+                    probs[i].append(q_row)
+            step += 1
+            keep = [n for n, i in enumerate(active) if len(drafts[i]) < num_tokens[i]]
+            if not keep:
+                break
+            active = [active[n] for n in keep]
+            draft_positions = [next_position[i] + step - 1 for i in active]
+            predicted = self._forward(active, requests,
+                                      predicted.index_select(0, _on(keep, self.device)),
+                                      [drafts[i][-1] for i in active], draft_positions,
+                                      [1] * len(active), [p + 1 for p in draft_positions])
+        self.num_sequential_steps = step
+
+    @staticmethod
+    def _take_pending(requests) -> tuple[torch.Tensor, list[list[int]]]:
+        """Every request's waiting features, concatenated, and each request's positions."""
+        runs, positions = [], []
+        for request in requests:
+            own = []
+            for first, features in request.pending_features:
+                runs.append(features)
+                own.extend(range(first, first + features.shape[0]))
+            positions.append(own)
+            request.pending_features = []
+        return torch.cat(runs), positions
+
+    def _forward(self, active, requests, features, token_ids, positions, query_lens, context_lens):
+        meta = build_attention_metadata(query_lens, context_lens,
+                                        [requests[i].block_table for i in active],
+                                        self.block_size, self.device)
+        ids, pos = copy_to_device([torch.tensor(token_ids, dtype=torch.long),
+                                   torch.tensor(positions, dtype=torch.long)], self.device)
+        return self.head(features, self.target.embed(ids), pos, self.kv_cache, meta)
+
+    def _full_vocab_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """[n, vocab]: the head's logits at its tokens, -inf elsewhere (probability 0)."""
+        full = draft_logits.new_full((draft_logits.shape[0], self.target.arch.vocab_size),
+                                     float("-inf"))
+        return full.index_copy_(1, self.head.token_ids, draft_logits)
+
+
+def _on(values: list[int], device: torch.device) -> torch.Tensor:
+    (tensor,) = copy_to_device([torch.tensor(values, dtype=torch.long)], device)
+    return tensor
+
+
+def _keep_features(request: Request, start: int, features: torch.Tensor) -> None:
+    """Appends a run of features from position `start`, dropping any waiting at or past it (a
+    recompute after preemption delivers positions again)."""
+    kept = []
+    for first, run in request.pending_features:
+        if first < start:
+            kept.append((first, run[:start - first]))
+    kept.append((start, features))
+    request.pending_features = kept

@@ -1,0 +1,204 @@
+"""An EAGLE-style draft head: one decoder layer that predicts the target's next feature.
+
+The target's feature at position t is its final hidden state after the final norm (what its LM
+head reads), f_t. The head reads f_t fused with the embedding of token t+1 and predicts f_{t+1}:
+
+    x = fuse([f_t ; embed(x_{t+1})])        a [2H -> H] projection
+    y = decoder_layer(x)                    the target's layer architecture, the head's weights
+    f^_{t+1} = norm(y)
+
+Its logits are the target's own LM head rows for the `draft_vocab` most frequent output tokens
+(the full 49152-row head would cost ~20% of a target step per draft token on CPU); drafts are
+never outside that set, and their distribution q is zero there, so verification stays exact.
+Drafting K tokens runs the head K times, feeding f^ back in place of f, with its own one-layer
+paged KV at the target's positions.
+
+`train_forward` is the same computation over dense [batch, time] sequences in plain torch (the
+inference path uses fused CPU kernels that have no gradients); a test holds the two equal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.architecture import LlamaArchitecture
+from engine.models.layers import Linear, RMSNorm, RotaryEmbedding
+from engine.models.llama import DecoderLayer
+
+WEIGHTS_FILE = "eagle_head.safetensors"
+CONFIG_FILE = "eagle_head.json"
+
+
+@dataclass
+class EagleHeadConfig:
+    """What a saved head was trained for and on; the target must match `target_arch`."""
+
+    target_arch: dict  # LlamaArchitecture fields of the target
+    draft_vocab_size: int
+    target_name: str = ""
+    training: dict | None = None  # data, steps, held-out acceptance: for the reader
+
+    def arch(self) -> LlamaArchitecture:
+        return LlamaArchitecture(**self.target_arch)
+
+
+class EagleHead(nn.Module):
+    def __init__(self, target_arch: LlamaArchitecture, draft_vocab_size: int):
+        super().__init__()
+        self.target_arch = target_arch
+        self.arch = replace(target_arch, num_layers=1)
+        hidden = target_arch.hidden_size
+        self.fuse = Linear(2 * hidden, hidden)
+        self.layer = DecoderLayer(self.arch)
+        self.norm = RMSNorm(hidden, target_arch.rms_norm_eps)
+        # Target vocabulary id of each draft-vocabulary row, and those rows of the target's LM
+        # head: copied from the target at load time (`attach_lm_head`), never saved or trained.
+        self.register_buffer("token_ids", torch.zeros(draft_vocab_size, dtype=torch.long))
+        self.lm_head = Linear(hidden, draft_vocab_size)
+        with torch.device("cpu"):
+            self.rotary = RotaryEmbedding(self.arch)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
+        """Random projections (normal, std 0.02 as in Llama's initializer), unit norms."""
+        for name, param in self.trained_parameters().items():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, std, generator=generator)
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.token_ids.shape[0]
+
+    def trained_parameters(self) -> dict[str, nn.Parameter]:
+        return {name: p for name, p in self.named_parameters() if not name.startswith("lm_head.")}
+
+    @torch.no_grad()
+    def attach_lm_head(self, target) -> None:
+        """Copies the target LM head's rows for `token_ids` (dequantized from GGUF blocks)."""
+        rows = target.lm_head.embedding(self.token_ids.to(_device_of(target)))
+        self.lm_head.weight = nn.Parameter(rows.to(self.fuse.weight.dtype).clone(),
+                                           requires_grad=False)
+        self.lm_head.packed_weight = None
+
+    # ----------------------------------------------------------------- inference
+    @torch.inference_mode()
+    def forward(self, features: torch.Tensor,  # [n, H] f_t (the target's or the head's own)
+                next_embeds: torch.Tensor,  # [n, H] embedding of token t+1
+                positions: torch.Tensor,  # [n] t
+                kv_cache, meta) -> torch.Tensor:  # [n, H] f^_{t+1}
+        x = self.fuse(torch.cat([features, next_embeds], dim=-1).to(self.fuse.weight.dtype))
+        k_cache, v_cache = kv_cache[0]
+        x = self.layer(x, positions, self.rotary, k_cache, v_cache, meta)
+        return self.norm(x)
+
+    @torch.inference_mode()
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:  # [n, draft_vocab] float32
+        return self.lm_head(features).float()
+
+    # ------------------------------------------------------------------ training
+    def train_forward(self, features: torch.Tensor,  # [B, T, H]
+                      next_embeds: torch.Tensor,  # [B, T, H]
+                      positions: torch.Tensor | None = None) -> torch.Tensor:  # [B, T, H]
+        """The inference computation with autograd: causal attention over each sequence."""
+        a, layer = self.arch, self.layer
+        batch, time, _ = features.shape
+        if positions is None:
+            positions = torch.arange(time, device=features.device)
+        x = F.linear(torch.cat([features, next_embeds], dim=-1), self.fuse.weight)
+        h = _rms_norm(x, layer.input_layernorm)
+        qkv = F.linear(h, layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias)
+        q, k, v = qkv.split(layer.self_attn.split_sizes, dim=-1)
+        q = q.view(batch, time, a.num_heads, a.head_dim)
+        k = k.view(batch, time, a.num_kv_heads, a.head_dim)
+        v = v.view(batch, time, a.num_kv_heads, a.head_dim)
+        cos = self.rotary.cos[positions].to(x.dtype)[:, None, :]  # [T, 1, D]
+        sin = self.rotary.sin[positions].to(x.dtype)[:, None, :]
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        groups = a.num_heads // a.num_kv_heads
+        k = k.repeat_interleave(groups, dim=2)
+        v = v.repeat_interleave(groups, dim=2)
+        attended = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        attended = attended.transpose(1, 2).reshape(batch, time, -1)
+        x = x + F.linear(attended, layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias)
+        h = _rms_norm(x, layer.post_attention_layernorm)
+        gate, up = F.linear(h, layer.mlp.gate_up_proj.weight).split(a.intermediate_size, dim=-1)
+        x = x + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
+        return _rms_norm(x, self.norm)
+
+    def train_logits(self, features: torch.Tensor) -> torch.Tensor:
+        return F.linear(features, self.lm_head.weight)
+
+    # --------------------------------------------------------------- save / load
+    def save(self, folder: Path, config: EagleHeadConfig) -> None:
+        """float16 weights (half the size; the head is far less precise than that) + config."""
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {name: p.detach().to(torch.float16).contiguous().cpu()
+                   for name, p in self.trained_parameters().items()}
+        tensors["token_ids"] = self.token_ids.cpu().to(torch.int32).contiguous()
+        save_file(tensors, str(folder / WEIGHTS_FILE))
+        (folder / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=1) + "\n")
+
+
+def load_head(folder: Path, target, device: torch.device, dtype: torch.dtype,
+              for_training: bool = False) -> EagleHead:
+    """Loads a head saved by `EagleHead.save` for `target`; raises ValueError on a mismatch.
+    Repacked for the CPU's fast kernels unless `for_training` (train_forward reads the plain
+    weights)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
+        raise ValueError(f"{folder} is not a draft head folder (it needs {CONFIG_FILE} and "
+                         f"{WEIGHTS_FILE}; `specserve train-draft` writes them)")
+    config = EagleHeadConfig(**json.loads((folder / CONFIG_FILE).read_text()))
+    if _shape(config.arch()) != _shape(target.arch):
+        raise ValueError(f"the draft head in {folder} was trained for another model "
+                         f"({config.target_name or 'unnamed'}: hidden size "
+                         f"{config.arch().hidden_size}, vocabulary {config.arch().vocab_size})")
+    head = EagleHead(target.arch, config.draft_vocab_size)
+    tensors = load_file(str(folder / WEIGHTS_FILE))
+    with torch.no_grad():
+        for name, param in head.trained_parameters().items():
+            param.copy_(tensors[name].float())
+        head.token_ids.copy_(tensors["token_ids"].long())
+    head = head.to(device=device, dtype=dtype).eval()
+    head.attach_lm_head(target)
+    if not for_training:
+        for module in head.modules():
+            if isinstance(module, Linear):
+                module.pack_for_cpu()
+    head.config = config
+    return head
+
+
+def _shape(arch: LlamaArchitecture) -> tuple:
+    return (arch.vocab_size, arch.hidden_size, arch.intermediate_size, arch.num_heads,
+            arch.num_kv_heads, arch.head_dim)
+
+
+def _rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.eps)
+    return norm.weight * x32.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _device_of(model) -> torch.device:
+    return model.norm.weight.device

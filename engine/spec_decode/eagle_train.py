@@ -1,0 +1,345 @@
+"""`specserve train-draft`: trains an EAGLE head (eagle_head.py) for a target model, here.
+
+1. Text. The target's own answers to the prompts in train_prompts.py (greedy and sampled), which
+   is what the head must predict when serving, plus Python source found on disk (the standard
+   library's, PSF licence) for code. No data set is downloaded; HumanEval and MT-Bench, the
+   measurement sets, are checked for n-gram overlap and the result is reported.
+2. Features. Each text is teacher-forced through the target once; its normalized final hidden
+   states f_t (what its LM head reads) are kept, with the target's greedy next token.
+3. Draft vocabulary: the N tokens the target predicts most often, N the smallest size covering
+   `vocab_coverage` of its greedy predictions on the training text.
+4. Training. The head reads (f_t, embed(x_{t+1})) and predicts f_{t+1}: loss = smooth-L1 on the
+   feature + 0.1 x cross-entropy between the target's and the head's draft-vocabulary
+   distributions (EAGLE's loss). A second unrolled pass feeds the head its own predictions, as
+   drafting does after the first token. Held-out acceptance (the head's argmax equals the
+   target's greedy token) is printed as it trains.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import sys
+import sysconfig
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.metadata import build_attention_metadata
+from engine.kv_cache import KVCache
+from engine.sampling_params import SamplingParams
+from engine.spec_decode import train_prompts
+from engine.spec_decode.eagle_head import EagleHead, EagleHeadConfig
+
+logger = logging.getLogger(__name__)
+
+WINDOW = 256  # training sequence length
+DRAFT_VOCAB_SIZES = (2048, 4096, 8192, 12288, 16384)
+OVERLAP_NGRAM = 13  # the contamination n-gram length of GPT-3's and Llama's reports
+
+
+@dataclass
+class TrainOptions:
+    max_minutes: float = 35.0  # training time, after the data is built
+    max_new_tokens: int = 160
+    disk_code_tokens: int = 30_000  # Python source from the standard library
+    vocab_coverage: float = 0.985
+    batch_windows: int = 8
+    learning_rate: float = 1e-3
+    unroll: int = 2  # passes per window: 1 = teacher-forced only
+    seed: int = 0
+    held_out: float = 0.05
+    max_prompts: int | None = None  # for smoke tests
+
+
+def train_draft(model: str | None, output: Path, options: TrainOptions, device: str | None = None,
+                log=print) -> dict:
+    """Builds the data, trains, writes `output`; returns the training summary."""
+    from engine import LLM
+
+    torch.manual_seed(options.seed)
+    rng = random.Random(options.seed)
+    started = time.time()
+    llm = LLM(model, speculative_method="none", device=device, max_num_seqs=32)
+    engine = llm.engine
+    target, tokenizer = engine.runner.model, engine.tokenizer
+    texts = build_texts(llm, rng, options, log)
+    overlap = measurement_overlap(tokenizer, [t for _, t in texts])
+    log(f"overlap with HumanEval/MT-Bench: {overlap['shared_ngrams']} shared "
+        f"{OVERLAP_NGRAM}-grams of {overlap['benchmark_ngrams']}")
+    rng.shuffle(texts)
+    num_held = max(1, int(len(texts) * options.held_out))
+    data = teacher_force(target, [ids for ids, _ in texts], engine.device, log)
+    vocab, coverage = choose_draft_vocab(data[num_held:], target.arch.vocab_size,
+                                         options.vocab_coverage)
+    log(f"draft vocabulary: {len(vocab)} tokens cover {100 * coverage[len(vocab)]:.1f}% of the "
+        f"target's greedy predictions ({', '.join(f'{n}: {100 * c:.1f}%' for n, c in coverage.items())})")
+    head = EagleHead(target.arch, len(vocab)).to(engine.device)
+    head.init_weights(torch.Generator(device=engine.device).manual_seed(options.seed))
+    head.token_ids.copy_(vocab)
+    head.attach_lm_head(target)
+    history = train(head, target, data[num_held:], data[:num_held], options, log)
+    summary = {
+        "texts": len(texts), "tokens": sum(len(d["tokens"]) for d in data),
+        "held_out_texts": num_held, "draft_vocab_coverage": coverage,
+        "overlap": overlap, "minutes": round((time.time() - started) / 60, 1),
+        "options": asdict(options), **history,
+    }
+    config = EagleHeadConfig(asdict(target.arch), len(vocab), engine.model_name, summary)
+    head.save(Path(output), config)
+    log(f"wrote {output} ({summary['minutes']} min in all)")
+    return summary
+
+
+# ------------------------------------------------------------------------------ text
+def build_texts(llm, rng: random.Random, options: TrainOptions, log) -> list[tuple[list[int], str]]:
+    """(token ids, text) of every training text: target generations, then source on disk."""
+    tokenizer = llm.tokenizer
+    chat = train_prompts.chat_prompts(rng)
+    code = train_prompts.code_prompts()
+    if options.max_prompts is not None:
+        chat, code = chat[:options.max_prompts], code[:max(1, options.max_prompts // 4)]
+    prompts, params = [], []
+    for n, message in enumerate(chat):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": message}],
+                                             add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        for temperature in ((0.0,) if n % 2 else (0.7,)):  # greedy and sampled answers
+            prompts.append(ids)
+            params.append(SamplingParams(max_tokens=options.max_new_tokens,
+                                         temperature=temperature, seed=rng.randrange(2**31)))
+    for text in code:
+        ids = tokenizer(text)["input_ids"]
+        for temperature in (0.0, 0.8):
+            prompts.append(ids)
+            params.append(SamplingParams(max_tokens=options.max_new_tokens,
+                                         temperature=temperature, seed=rng.randrange(2**31)))
+    log(f"generating {len(prompts)} answers with the target ...")
+    started = time.time()
+    outputs = []
+    for start in range(0, len(prompts), 64):  # in slices, to show progress
+        outputs += llm.generate(prompts[start:start + 64], params[start:start + 64])
+        done = len(outputs)
+        generated = sum(len(o.token_ids) for o in outputs)
+        log(f"  {done}/{len(prompts)} answers, {generated} tokens, "
+            f"{generated / (time.time() - started):.0f} tok/s")
+    texts = [(list(o.prompt_token_ids) + list(o.token_ids), o.text) for o in outputs]
+    texts += disk_code(tokenizer, options.disk_code_tokens, rng)
+    return texts
+
+
+def disk_code(tokenizer, num_tokens: int, rng: random.Random) -> list[tuple[list[int], str]]:
+    """Pieces of the Python standard library's own source (PSF licence), up to num_tokens."""
+    if num_tokens <= 0:
+        return []
+    folder = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in folder.glob("*.py") if p.stat().st_size > 2000)
+    rng.shuffle(files)
+    pieces, total = [], 0
+    for path in files:
+        text = path.read_text(errors="ignore")
+        ids = tokenizer(text)["input_ids"]
+        for start in range(0, min(len(ids), 4 * WINDOW), WINDOW):
+            piece = ids[start:start + WINDOW]
+            if len(piece) >= 64:
+                pieces.append((piece, tokenizer.decode(piece)))
+                total += len(piece)
+        if total >= num_tokens:
+            break
+    return pieces
+
+
+def measurement_overlap(tokenizer, texts: list[str]) -> dict:
+    """Shared word 13-grams between the training texts and the bundled HumanEval / MT-Bench."""
+    data = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+    bench_texts = []
+    for name in ("humaneval_subset.jsonl", "mt_bench_subset.jsonl"):
+        path = data / name
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                bench_texts += [record.get("prompt", ""), record.get("canonical_solution", ""),
+                                *record.get("turns", [])]
+    bench = set().union(*(_word_ngrams(t) for t in bench_texts)) if bench_texts else set()
+    ours = set().union(*(_word_ngrams(t) for t in texts)) if texts else set()
+    return {"shared_ngrams": len(bench & ours), "benchmark_ngrams": len(bench),
+            "n": OVERLAP_NGRAM, "benchmark_files_found": bool(bench_texts)}
+
+
+def _word_ngrams(text: str) -> set[tuple[str, ...]]:
+    words = text.lower().split()
+    return {tuple(words[i:i + OVERLAP_NGRAM]) for i in range(len(words) - OVERLAP_NGRAM + 1)}
+
+
+# -------------------------------------------------------------------------- features
+@torch.inference_mode()
+def teacher_force(target, token_lists: list[list[int]], device, log) -> list[dict]:
+    """Per text: tokens, the target's features f_t (float16) and its greedy next tokens."""
+    block_size = 16
+    data, started, total = [], time.time(), 0
+    for n, tokens in enumerate(token_lists):
+        tokens = tokens[:target.arch.max_position_embeddings]
+        length = len(tokens)
+        num_blocks = -(-length // block_size)
+        cache = KVCache(target.arch, num_blocks, block_size, target.norm.weight.dtype, device)
+        meta = build_attention_metadata([length], [length], [list(range(num_blocks))],
+                                        block_size, device)
+        positions = torch.arange(length, device=device)
+        hidden = target.hidden_states(torch.tensor(tokens, device=device), positions, cache, meta)
+        features = target.norm(hidden)
+        greedy = target.lm_head(features).argmax(dim=-1)
+        data.append({"tokens": torch.tensor(tokens), "features": features.half().cpu(),
+                     "greedy": greedy.cpu()})
+        total += length
+        if (n + 1) % 100 == 0 or n + 1 == len(token_lists):
+            log(f"  features: {n + 1}/{len(token_lists)} texts, {total} tokens, "
+                f"{total / (time.time() - started):.0f} tok/s")
+    return data
+
+
+def choose_draft_vocab(data: list[dict], vocab_size: int, coverage_wanted: float
+                       ) -> tuple[torch.Tensor, dict[int, float]]:
+    """The most frequent greedy predictions; the smallest listed size reaching the coverage."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for d in data:
+        counts += torch.bincount(d["greedy"], minlength=vocab_size)
+    order = counts.argsort(descending=True)
+    total = counts.sum().item()
+    sizes = [n for n in DRAFT_VOCAB_SIZES if n < vocab_size] or [vocab_size]
+    coverage = {n: counts[order[:n]].sum().item() / total for n in sizes}
+    chosen = next((n for n in sizes if coverage[n] >= coverage_wanted), sizes[-1])
+    return order[:chosen].sort().values, coverage
+
+
+# -------------------------------------------------------------------------- training
+def _windows(data: list[dict]) -> list[tuple[int, int, int]]:
+    """(text, start, length) windows of at most WINDOW positions that have a next token."""
+    out = []
+    for index, d in enumerate(data):
+        usable = len(d["tokens"]) - 1
+        for start in range(0, usable, WINDOW):
+            length = min(WINDOW, usable - start)
+            if length >= 8:
+                out.append((index, start, length))
+    return out
+
+
+def _batch(data, windows, target, draft_index, device):
+    """Inputs and targets of a batch, padded to the longest window (padding masked out)."""
+    longest = max(length for _, _, length in windows)
+    hidden = target.arch.hidden_size
+    features = torch.zeros(len(windows), longest + 1, hidden)
+    next_ids = torch.zeros(len(windows), longest, dtype=torch.long)
+    greedy = torch.full((len(windows), longest), -1, dtype=torch.long)
+    mask = torch.zeros(len(windows), longest, dtype=torch.bool)
+    for row, (index, start, length) in enumerate(windows):
+        d = data[index]
+        features[row, :length + 1] = d["features"][start:start + length + 1].float()
+        next_ids[row, :length] = d["tokens"][start + 1:start + length + 1]
+        greedy[row, :length] = draft_index[d["greedy"][start + 1:start + length + 1]]
+        mask[row, :length] = True
+    with torch.inference_mode():
+        embeds = target.embed(next_ids.to(device).flatten()).float().view(len(windows), longest,
+                                                                          hidden)
+    # inference tensors cannot be saved for backward: clone into normal ones
+    return (features[:, :-1].to(device), embeds.clone(), features[:, 1:].to(device),
+            greedy.to(device), mask.to(device))
+
+
+def _losses(head, inputs, embeds, wanted, mask, unroll: int):
+    """Per pass: (loss, predictions). Pass 2 reads pass 1's predictions as its features."""
+    passes = []
+    features = inputs
+    for _ in range(unroll):
+        predicted = head.train_forward(features, embeds)
+        regression = F.smooth_l1_loss(predicted, wanted, reduction="none").mean(-1)
+        with torch.no_grad():
+            target_logp = F.log_softmax(head.train_logits(wanted).float(), dim=-1)
+        head_logp = F.log_softmax(head.train_logits(predicted).float(), dim=-1)
+        classification = -(target_logp.exp() * head_logp).sum(-1)
+        per_position = regression + 0.1 * classification
+        loss = (per_position * mask).sum() / mask.sum()
+        passes.append((loss, head_logp.detach()))
+        # The next pass: position t reads the head's prediction of f_t (made at t - 1).
+        features = torch.cat([inputs[:, :1], predicted[:, :-1]], dim=1)
+    return passes
+
+
+def train(head: EagleHead, target, train_data, held_data, options: TrainOptions, log) -> dict:
+    device = head.fuse.weight.device
+    draft_index = torch.full((target.arch.vocab_size,), -1, dtype=torch.long)
+    draft_index[head.token_ids.cpu()] = torch.arange(head.draft_vocab_size)
+    windows = _windows(train_data)
+    held_windows = _windows(held_data)
+    params = list(head.trained_parameters().values())
+    optimizer = torch.optim.AdamW(params, lr=options.learning_rate, weight_decay=0.0,
+                                  betas=(0.9, 0.95))
+    rng = random.Random(options.seed)
+    deadline = time.time() + 60 * options.max_minutes
+    tokens_per_epoch = sum(w[2] for w in windows)
+    log(f"training on {len(windows)} windows ({tokens_per_epoch} positions), "
+        f"{len(held_windows)} held out, for {options.max_minutes:g} min")
+    step, seen, started, evaluations = 0, 0, time.time(), []
+    order: list = []
+    estimated_steps = None
+    while time.time() < deadline:
+        if not order:
+            order = windows[:]
+            rng.shuffle(order)
+        batch_windows, order = order[:options.batch_windows], order[options.batch_windows:]
+        inputs, embeds, wanted, greedy, mask = _batch(train_data, batch_windows, target,
+                                                      draft_index, device)
+        inputs = inputs + (torch.rand_like(inputs) - 0.5) * 0.2  # EAGLE's feature noise
+        passes = _losses(head, inputs, embeds, wanted, mask, options.unroll)
+        loss = sum(p[0] for p in passes) / len(passes)
+        # Cosine decay over the steps the time budget allows (estimated after 20 steps).
+        if step == 20:
+            per_step = (time.time() - started) / 20
+            estimated_steps = max(40, int(60 * options.max_minutes / per_step))
+        progress = step / estimated_steps if estimated_steps else 0.0
+        lr = options.learning_rate * min(1.0, (step + 1) / 20) * \
+            0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        for group in optimizer.param_groups:
+            group["lr"] = max(lr, options.learning_rate * 0.02)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        step += 1
+        seen += int(mask.sum())
+        if step % 50 == 0 or time.time() >= deadline:
+            acceptance = evaluate(head, target, held_data, held_windows, draft_index, options)
+            evaluations.append({"step": step, "positions": seen, "loss": round(loss.item(), 4),
+                                **acceptance})
+            log(f"  step {step}: loss {loss.item():.3f}, {seen / (time.time() - started):.0f} "
+                f"positions/s, held-out acceptance {acceptance['held_out_acceptance']:.3f} "
+                f"(unrolled {acceptance['held_out_acceptance_unrolled']:.3f})")
+            sys.stdout.flush()
+    last = evaluations[-1] if evaluations else evaluate(head, target, held_data, held_windows,
+                                                        draft_index, options)
+    return {"steps": step, "positions_seen": seen, "epochs": round(seen / max(tokens_per_epoch, 1), 2),
+            "held_out_acceptance": last["held_out_acceptance"],
+            "held_out_acceptance_unrolled": last["held_out_acceptance_unrolled"],
+            "evaluations": evaluations}
+
+
+@torch.no_grad()
+def evaluate(head, target, data, windows, draft_index, options) -> dict:
+    """Share of held-out positions where the head's argmax is the target's greedy token: with
+    the target's features (the first draft) and with its own (the drafts after it)."""
+    hits = [0, 0]
+    total = 0
+    for start in range(0, len(windows), 16):
+        inputs, embeds, wanted, greedy, mask = _batch(data, windows[start:start + 16], target,
+                                                      draft_index, head.fuse.weight.device)
+        passes = _losses(head, inputs, embeds, wanted, mask, 2)
+        for n, (_, logp) in enumerate(passes):
+            hits[n] += int(((logp.argmax(-1) == greedy) & mask).sum())
+        total += int(mask.sum())
+    return {"held_out_acceptance": round(hits[0] / max(total, 1), 4),
+            "held_out_acceptance_unrolled": round(hits[1] / max(total, 1), 4)}
