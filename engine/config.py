@@ -93,6 +93,9 @@ class SpeculativeConfig:
     draft_layers: int | None = None  # for "layer-skip": how many layers the draft runs
     draft_layer_ids: tuple[int, ...] | None = None  # for "layer-skip": exactly these layers
     draft_head: str | None = None  # for "eagle": a trained head's folder (default: the shipped one)
+    # For "eagle": an n-gram match of at least this many tokens is proposed instead of the
+    # head's guess (copying is free and right more often); 0: the head only.
+    eagle_ngram_min: int = 3
     ngram_max: int = 4
     ngram_min: int = 1
     adaptive: bool = True  # False: always draft K tokens (for measurements)
@@ -112,6 +115,8 @@ class SpeculativeConfig:
             object.__setattr__(self, "draft_layer_ids", tuple(self.draft_layer_ids))
             if not self.draft_layer_ids:
                 raise ValueError("--draft-layer-ids must name at least one layer")
+        if self.eagle_ngram_min < 0:
+            raise ValueError(f"--eagle-ngram-min must be >= 0, got {self.eagle_ngram_min}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min}, "
                              f"{self.ngram_max}")

@@ -78,6 +78,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-head", default=None,
                    help="trained head folder for --speculative-method eagle (default: the head "
                         "shipped for the model; `specserve train-draft` makes one)")
+    p.add_argument("--eagle-ngram-min", type=int, default=3,
+                   help="with eagle, propose an n-gram match of at least this many tokens "
+                        "instead of the head's guess; 0: the head only (default: %(default)s)")
     p.add_argument("--draft-layers", type=int, default=None,
                    help="layers the layer-skip draft runs (default: chosen by calibration)")
     p.add_argument("--draft-layer-ids", type=_layer_ids, default=None,
@@ -134,7 +137,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         speculative_method=args.speculative_method,
         num_speculative_tokens=args.num_speculative_tokens, draft_model=args.draft_model,
         draft_layers=args.draft_layers, draft_layer_ids=args.draft_layer_ids,
-        draft_head=args.draft_head, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
+        draft_head=args.draft_head, eagle_ngram_min=args.eagle_ngram_min, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
     )
 
 

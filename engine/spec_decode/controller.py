@@ -71,9 +71,35 @@ class DraftCost:
             self._observed = True
 
 
+class ModelDraftCost:
+    """Seconds of drafting with a model (a draft model, the target's own layers, an EAGLE head):
+    a `fraction` of what the target's fitted step cost charges for the same rows. A draft step
+    over b sequences costs like a small target step of b tokens, so drafting for a batch costs
+    fraction * (fixed * steps + per_token * draft tokens), where a flat per-step price would
+    undercharge every draft after a step's first. The fraction is re-estimated from every
+    measured proposal."""
+
+    per_step = True
+
+    def __init__(self, fraction: float, step_cost: LinearCostModel):
+        self.fraction = fraction
+        self.step_cost = step_cost
+
+    def _target_seconds(self, num_tokens: int, num_steps: int) -> float:
+        return self.step_cost.fixed * num_steps + self.step_cost.per_unit * num_tokens
+
+    def __call__(self, num_tokens: int, num_steps: int) -> float:
+        return self.fraction * self._target_seconds(num_tokens, num_steps)
+
+    def observe(self, num_tokens: int, num_steps: int, seconds: float) -> None:
+        reference = self._target_seconds(num_tokens, num_steps)
+        if num_steps and reference > 0:
+            self.fraction = 0.9 * self.fraction + 0.1 * seconds / reference
+
+
 class SpeculationController:
     def __init__(self, max_k: int, adaptive: bool, step_cost: LinearCostModel,
-                 draft_cost: DraftCost, prior_acceptance: float = PRIOR_ACCEPTANCE):
+                 draft_cost: DraftCost | ModelDraftCost, prior_acceptance: float = PRIOR_ACCEPTANCE):
         self.max_k = max_k
         self.prior_acceptance = prior_acceptance
         self.adaptive = adaptive

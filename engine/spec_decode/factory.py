@@ -15,6 +15,7 @@ from engine.models.loader import cache_dir, load_model
 from engine.spec_decode.controller import (
     DraftCost,
     LinearCostModel,
+    ModelDraftCost,
     SpeculationController,
 )
 from engine.spec_decode.eagle import EagleProposer
@@ -48,16 +49,19 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
         proposer = ModelDrafter("draft", draft, kv_cache, engine.limits.block_size,
                                 engine.device, catch_up=True, shared_generator=engine.generator)
         draft_step = measure_step_cost(draft, kv_cache, engine.limits.block_size, engine.device)
-        draft_cost = DraftCost(per_step=True, seconds_per_unit=draft_step(1))
+        draft_cost = ModelDraftCost(draft_step(1) / step_cost(1), step_cost)
     elif spec.speculative_method == "eagle":
         head = load_head(head_folder(spec.draft_head, engine.model_name), model, engine.device,
                          engine.dtype)
         kv_cache = KVCache(head.arch, engine.runner.kv_cache.num_blocks, engine.limits.block_size,
                            engine.dtype, engine.device)
+        ngram = (max(spec.ngram_max, spec.eagle_ngram_min), spec.eagle_ngram_min) \
+            if spec.eagle_ngram_min else None
         proposer = EagleProposer(head, model, kv_cache, engine.limits.block_size, engine.device,
-                                 shared_generator=engine.generator)
-        draft_cost = DraftCost(per_step=True, seconds_per_unit=measure_head_step(
-            head, model, kv_cache, engine.limits.block_size, engine.device))
+                                 shared_generator=engine.generator, ngram=ngram)
+        draft_cost = ModelDraftCost(measure_head_step(head, model, kv_cache,
+                                                      engine.limits.block_size, engine.device)
+                                    / step_cost(1), step_cost)
         prior = (head.config.training or {}).get("held_out_acceptance", prior)
     else:  # layer-skip
         layer_ids = list(spec.draft_layer_ids) if spec.draft_layer_ids else None
@@ -73,8 +77,7 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
         proposer = ModelDrafter("layer-skip", model, engine.runner.kv_cache,
                                 engine.limits.block_size, engine.device, layer_ids=layer_ids,
                                 catch_up=False, shared_generator=engine.generator)
-        fraction = len(layer_ids) / model.arch.num_layers
-        draft_cost = DraftCost(per_step=True, seconds_per_unit=step_cost(1) * fraction)
+        draft_cost = ModelDraftCost(len(layer_ids) / model.arch.num_layers, step_cost)
     controller = SpeculationController(max_k, spec.adaptive, step_cost, draft_cost, prior)
     return proposer, controller
 

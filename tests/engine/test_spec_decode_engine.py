@@ -69,7 +69,8 @@ def test_the_shipped_eagle_head_is_accepted_often(method_options):
     untrained head's almost never are), so the lossless tests above exercise acceptance."""
     rates = {}
     for method in ("eagle", "eagle-untrained"):
-        llm = make_llm(adaptive=False, num_speculative_tokens=3, **method_options[method])
+        llm = make_llm(adaptive=False, num_speculative_tokens=3, eagle_ngram_min=0,
+                       **method_options[method])
         stats = [o.spec_stats for o in llm.generate(PROMPTS, GREEDY)]
         rates[method] = (sum(s.num_accepted_tokens for s in stats)
                          / sum(s.num_draft_tokens for s in stats))

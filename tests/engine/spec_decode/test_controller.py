@@ -12,6 +12,7 @@ from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.controller import (
     DraftCost,
+    ModelDraftCost,
     LinearCostModel,
     SpeculationController,
 )
@@ -201,3 +202,19 @@ def test_requests_not_speculating_drift_back_towards_the_prior():
         assert controller.plan(requests, [MAX_K] * 64, num_other_tokens=64) == [0] * 64
     after = requests[0].acceptance.estimate()
     assert before < after < PRIOR_ACCEPTANCE
+
+
+def test_model_drafting_is_priced_by_the_rows_it_runs():
+    """A draft model's step over b sequences costs like a target step of b tokens, times its
+    fraction: in a large batch that makes drafting expensive, where a flat per-step price made
+    it look free."""
+    step_cost = LinearCostModel(fixed=0.010, per_unit=0.002)
+    flat = DraftCost(per_step=True, seconds_per_unit=0.5 * step_cost(1))
+    by_rows = ModelDraftCost(0.5, step_cost)
+    assert by_rows(1, 1) == pytest.approx(flat(1, 1))  # one sequence: the same price
+    assert by_rows(32, 1) == pytest.approx(0.5 * (0.010 + 0.064))
+    assert by_rows(3 * 32, 3) > 2 * flat(3 * 32, 3)  # three draft steps over 32 sequences
+    # The fraction follows what proposals really cost.
+    for _ in range(100):
+        by_rows.observe(num_tokens=32, num_steps=1, seconds=0.25 * (0.010 + 0.064))
+    assert by_rows.fraction == pytest.approx(0.25, rel=0.01)

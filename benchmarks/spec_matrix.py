@@ -1,0 +1,228 @@
+"""Speculation methods side by side on the serving model: batch 1 per workload, then the matrix.
+
+    python -m benchmarks.spec_matrix --output benchmarks/results/spec_matrix.json
+
+Model: the default GGUF on its native kernels (what `make serve` runs), every method with its
+adaptive controller on, prefix caching off, EOS ignored. Everything runs in one process, the
+methods taking turns on every prompt and every cell, so that machine noise hits them alike;
+compare ratios, not absolute numbers.
+
+1. Batch 1 (`--batch1-methods`, at each `--temperatures`): per workload, tokens/s over its
+   prompts, the ratio to `none`, acceptance rate, mean acceptance length (tokens per verify step),
+   and for greedy runs whether the tokens equal `none`'s.
+2. The matrix (`--matrix-methods` x `--concurrency` x workloads, greedy): the workload's prompts
+   cycled to c requests in one generate call; tokens/s and the ratio to `none` measured beside it.
+
+JSON to stdout and --output; a figure to --plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from benchmarks.offline import build_truncated_draft
+from benchmarks.workloads import KINDS, encode, load_workloads
+from engine import LLM, SamplingParams
+from engine.models.loader import resolve_model_folder
+from engine.spec_decode.stats import SpecStats
+
+METHODS = ("none", "ngram", "eagle", "eagle-head", "layer-skip", "draft")
+
+
+def method_options(method: str, draft_folder: Path | None) -> dict:
+    """Engine options of a benchmark method; eagle-head is eagle without its n-gram lookup."""
+    if method == "eagle-head":
+        return {"speculative_method": "eagle", "eagle_ngram_min": 0}
+    if method == "draft":
+        return {"speculative_method": "draft", "draft_model": str(draft_folder)}
+    return {"speculative_method": method}
+
+
+def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[list, float]:
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params if len(prompts) == 1 else
+                           [dataclasses.replace(params, seed=(params.seed or 0) + i)
+                            for i in range(len(prompts))])
+    return outputs, time.perf_counter() - start
+
+
+def spec_summary(outputs) -> dict:
+    stats = SpecStats()
+    for output in outputs:
+        if output.spec_stats is not None:
+            stats.merge(output.spec_stats)
+    return {"num_draft_tokens": stats.num_draft_tokens,
+            "acceptance_rate": round(stats.acceptance_rate, 4) if stats.num_draft_tokens else None,
+            "mean_acceptance_length": (round(stats.mean_acceptance_length, 3)
+                                       if stats.num_drafts else None)}
+
+
+def batch_one(llms: dict[str, LLM], prompts: dict[str, list[list[int]]], max_tokens: int,
+              temperature: float) -> dict:
+    """results[kind][method]: every prompt alone, the methods taking turns on each."""
+    results = {}
+    for kind, kind_prompts in prompts.items():
+        tokens = {m: 0 for m in llms}
+        seconds = {m: 0.0 for m in llms}
+        outputs = {m: [] for m in llms}
+        for n, prompt in enumerate(kind_prompts):
+            params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
+                                    ignore_eos=True, seed=n if temperature > 0 else None)
+            for method, llm in llms.items():
+                [output], took = generate(llm, [prompt], params)
+                outputs[method].append(output)
+                tokens[method] += len(output.token_ids)
+                seconds[method] += took
+        base = tokens["none"] / seconds["none"]
+        results[kind] = {}
+        for method in llms:
+            rate = tokens[method] / seconds[method]
+            record = {"tokens_per_s": round(rate, 2), "ratio_vs_none": round(rate / base, 3)}
+            if method != "none":
+                record.update(spec_summary(outputs[method]))
+                if temperature == 0:
+                    record["same_tokens_as_none"] = (
+                        [o.token_ids for o in outputs[method]]
+                        == [o.token_ids for o in outputs["none"]])
+            results[kind][method] = record
+        print(f"[batch 1, T={temperature}, {kind}] " + ", ".join(
+            f"{m} {r['ratio_vs_none']:.2f}x" for m, r in results[kind].items()),
+            file=sys.stderr, flush=True)
+    return results
+
+
+def matrix(llms: dict[str, LLM], prompts: dict[str, list[list[int]]], max_tokens: int,
+           levels: list[int]) -> dict:
+    """cells[kind][c][method]: c requests in one generate call, `none` run beside each method."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    cells: dict = {}
+    for kind, kind_prompts in prompts.items():
+        cells[kind] = {}
+        for level in levels:
+            batch = [kind_prompts[i % len(kind_prompts)] for i in range(level)]
+            row = {}
+            for method, llm in llms.items():
+                if method == "none":
+                    continue
+                base_outputs, base_seconds = generate(llms["none"], batch, params)
+                outputs, seconds = generate(llm, batch, params)
+                base = sum(len(o.token_ids) for o in base_outputs) / base_seconds
+                rate = sum(len(o.token_ids) for o in outputs) / seconds
+                row[method] = {"tokens_per_s": round(rate, 2), "none_tokens_per_s": round(base, 2),
+                               "ratio_vs_none": round(rate / base, 3), **spec_summary(outputs),
+                               "same_tokens_as_none": ([o.token_ids for o in outputs]
+                                                       == [o.token_ids for o in base_outputs])}
+            cells[kind][str(level)] = row
+            print(f"[matrix {kind} c={level}] " + ", ".join(
+                f"{m} {r['ratio_vs_none']:.2f}x" for m, r in row.items()),
+                file=sys.stderr, flush=True)
+    return cells
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temps = list(report["batch1"])
+    fig, axes = plt.subplots(1, len(temps) + 1, figsize=(6 * (len(temps) + 1), 4.5))
+    for ax, temp in zip(axes, temps):
+        results = report["batch1"][temp]
+        kinds = list(results)
+        methods = [m for m in results[kinds[0]] if m != "none"]
+        width = 0.8 / len(methods)
+        for n, method in enumerate(methods):
+            ax.bar([k + n * width for k in range(len(kinds))],
+                   [results[kind][method]["ratio_vs_none"] for kind in kinds], width, label=method)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(kinds))], kinds)
+        ax.set_title(f"batch 1, temperature {temp}: tokens/s vs none")
+        ax.legend(fontsize=8)
+    ax = axes[-1]
+    labels, values = [], []
+    for kind, by_level in report["matrix"].items():
+        for level, row in by_level.items():
+            for method, record in row.items():
+                labels.append(f"{kind} c{level} {method}")
+                values.append(record["ratio_vs_none"])
+    ax.barh(range(len(values)), values, color=["C3" if v < 0.95 else "C2" for v in values])
+    ax.axvline(0.95, color="red", lw=0.8, ls="--")
+    ax.axvline(1.0, color="gray", lw=0.8)
+    ax.set_yticks(range(len(values)), labels, fontsize=6)
+    ax.set_title("matrix, greedy: tokens/s vs none (red line: 0.95)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="default: the embedded GGUF (native kernels)")
+    p.add_argument("--workload", default=",".join(KINDS))
+    p.add_argument("--num-prompts", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--temperatures", default="0,0.7")
+    p.add_argument("--batch1-methods", default="none,ngram,eagle,eagle-head")
+    p.add_argument("--matrix-methods", default="none,ngram,eagle,layer-skip,draft")
+    p.add_argument("--concurrency", default="1,8,32")
+    p.add_argument("--matrix-max-tokens", type=int, default=32)
+    p.add_argument("--draft-model-layers", type=int, default=6)
+    p.add_argument("--output", default=None)
+    p.add_argument("--plot", default=None)
+    args = p.parse_args(argv)
+    kinds = args.workload.split(",")
+    batch1_methods = args.batch1_methods.split(",")
+    matrix_methods = args.matrix_methods.split(",") if args.matrix_methods else []
+    unknown = set(batch1_methods + matrix_methods) - set(METHODS)
+    if unknown:
+        raise SystemExit(f"unknown method(s) {sorted(unknown)}; known: {', '.join(METHODS)}")
+    folder, model_name = resolve_model_folder(args.model)
+    draft_folder = (build_truncated_draft(folder, args.draft_model_layers)
+                    if "draft" in matrix_methods else None)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompts = {kind: [encode(tokenizer, w) for w in load_workloads(kind, args.num_prompts)]
+               for kind in kinds}
+    llms = {m: LLM(args.model, enable_prefix_caching=False, **method_options(m, draft_folder))
+            for m in dict.fromkeys(["none"] + batch1_methods + matrix_methods)}
+    for llm in llms.values():  # warm-up
+        llm.generate(prompts[kinds[0]][0], SamplingParams(max_tokens=16, temperature=0))
+    report = {
+        "benchmark": "spec_matrix",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": model_name, "weights": "native GGUF" if args.model is None else args.model,
+        "torch_threads": torch.get_num_threads(), "machine": platform.platform(),
+        "load_average": [round(v, 2) for v in os.getloadavg()],
+        "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
+        "matrix_max_tokens": args.matrix_max_tokens,
+        "batch1": {}, "matrix": {},
+    }
+    for temperature in (float(t) for t in args.temperatures.split(",")):
+        report["batch1"][str(temperature)] = batch_one(
+            {m: llms[m] for m in dict.fromkeys(["none"] + batch1_methods)}, prompts,
+            args.max_tokens, temperature)
+    if matrix_methods:
+        report["matrix"] = matrix({m: llms[m] for m in dict.fromkeys(["none"] + matrix_methods)},
+                                  prompts, args.matrix_max_tokens,
+                                  [int(c) for c in args.concurrency.split(",")])
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    if args.plot:
+        plot(report, args.plot)
+    return report
+
+
+if __name__ == "__main__":
+    main()

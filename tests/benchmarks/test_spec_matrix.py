@@ -1,0 +1,25 @@
+"""benchmarks/spec_matrix.py end to end on a tiny model: the report's shape and its figure."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import spec_matrix
+
+
+def test_spec_matrix_report(tiny_chat_model_folder, tmp_path, capsys):
+    output, figure = tmp_path / "matrix.json", tmp_path / "matrix.png"
+    report = spec_matrix.main([
+        "--model", str(tiny_chat_model_folder), "--workload", "code,copy", "--num-prompts", "1",
+        "--max-tokens", "4", "--temperatures", "0,0.7", "--batch1-methods", "none,ngram",
+        "--matrix-methods", "none,ngram", "--concurrency", "1,2", "--matrix-max-tokens", "4",
+        "--output", str(output), "--plot", str(figure)])
+    assert json.loads(output.read_text()) == report
+    assert figure.stat().st_size > 0
+    greedy = report["batch1"]["0.0"]["code"]
+    assert greedy["none"]["ratio_vs_none"] == 1.0
+    assert greedy["ngram"]["same_tokens_as_none"] is True
+    assert "same_tokens_as_none" not in report["batch1"]["0.7"]["code"]["ngram"]
+    cell = report["matrix"]["copy"]["2"]["ngram"]
+    assert cell["same_tokens_as_none"] is True and cell["ratio_vs_none"] > 0
+    assert "[matrix copy c=2]" in capsys.readouterr().err
