@@ -87,15 +87,16 @@ class SpeculativeConfig:
     """Which proposer guesses tokens and how many at most; the controller picks fewer when
     guessing does not pay."""
 
+    # ngram: on this CPU measured ahead of eagle (benchmarks/results/spec_matrix_cpu_*.json)
     speculative_method: str = "ngram"
     num_speculative_tokens: int = 5  # the ceiling of K
     draft_model: str | None = None  # for "draft": HF folder or .gguf
     draft_layers: int | None = None  # for "layer-skip": how many layers the draft runs
     draft_layer_ids: tuple[int, ...] | None = None  # for "layer-skip": exactly these layers
     draft_head: str | None = None  # for "eagle": a trained head's folder (default: the shipped one)
-    # For "eagle": an n-gram match of at least this many tokens is proposed instead of the
-    # head's guess (copying is free and right more often); 0: the head only.
-    eagle_ngram_min: int = 3
+    # For "eagle": an n-gram match of at least this many tokens may be proposed instead of the
+    # head's guess (when its recent acceptance is at least the head's); 0: the head only.
+    eagle_ngram_min: int = 2
     ngram_max: int = 4
     ngram_min: int = 1
     adaptive: bool = True  # False: always draft K tokens (for measurements)

@@ -228,6 +228,7 @@ class LLMEngine:
             return {}
         requests = [s.request for s in decoding]
         num_other = plan.num_batched_tokens  # drafts not set yet: each request's own tokens
+        self.proposer.prepare(requests, [s.num_lookahead for s in decoding])
         ks = self.controller.plan(requests, [s.num_lookahead for s in decoding], num_other)
         if not any(ks):
             return {}

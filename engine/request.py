@@ -60,6 +60,9 @@ class Request:
     pending_features: list[tuple[int, object]] = field(default_factory=list)
     spec_stats: SpecStats = field(default_factory=SpecStats)
     acceptance: AcceptanceTracker = field(default_factory=AcceptanceTracker)
+    # A proposer with several sources (eagle: copy lookup, head) keeps one tracker per source
+    # and points `acceptance` at the one this step drafts from (writer: that proposer).
+    acceptance_by_source: dict[str, AcceptanceTracker] = field(default_factory=dict)
 
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the leading full blocks

@@ -1,10 +1,10 @@
-"""`python -m server [serve|bench] ...` is the same as `specserve serve|bench ...`."""
+"""`python -m server [serve|bench|train-draft] ...` is the same as `specserve ...`."""
 
 import sys
 
 from server.cli import main
 
 arguments = sys.argv[1:]
-if not arguments or arguments[0] not in ("serve", "bench", "-h", "--help"):
+if not arguments or arguments[0] not in ("serve", "bench", "train-draft", "-h", "--help"):
     arguments = ["serve", *arguments]
 main(arguments)

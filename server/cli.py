@@ -78,9 +78,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-head", default=None,
                    help="trained head folder for --speculative-method eagle (default: the head "
                         "shipped for the model; `specserve train-draft` makes one)")
-    p.add_argument("--eagle-ngram-min", type=int, default=3,
-                   help="with eagle, propose an n-gram match of at least this many tokens "
-                        "instead of the head's guess; 0: the head only (default: %(default)s)")
+    p.add_argument("--eagle-ngram-min", type=int, default=2,
+                   help="with eagle, an n-gram match of at least this many tokens may be "
+                        "proposed instead of the head's guess, when its recent acceptance is at "
+                        "least the head's; 0: the head only (default: %(default)s)")
     p.add_argument("--draft-layers", type=int, default=None,
                    help="layers the layer-skip draft runs (default: chosen by calibration)")
     p.add_argument("--draft-layer-ids", type=_layer_ids, default=None,

@@ -111,7 +111,9 @@ class SpeculationController:
         `plan` can give it, without reserving slots for drafts that would gain < 2% of a token."""
         if not self.adaptive:
             return self.max_k
-        estimate = request.acceptance.estimate(self.prior_acceptance)
+        trackers = request.acceptance_by_source.values() or [request.acceptance]
+        # Several sources (eagle): reserve for the best, the step may draft from any of them.
+        estimate = max(t.estimate(self.prior_acceptance) for t in trackers)
         if estimate >= 1.0:
             return self.max_k
         useful = math.floor(math.log(MIN_DRAFT_GAIN) / math.log(max(estimate, 1e-9)))

@@ -8,9 +8,12 @@ head's one-layer KV lives at the target's positions in the request's own blocks,
 block tables and lookahead slots serve it unchanged; rejected drafts' entries are overwritten by
 the next catch-up.
 
-Where the request's context holds a real copy (an n-gram match of at least `ngram_min` tokens),
-the lookup's continuation is proposed instead: on copy-heavy text it is right more often than the
-head and costs nothing to draft.
+Where the request's context holds a copy (an n-gram match of at least `ngram_min` tokens), the
+lookup's continuation may be proposed instead: on copy-heavy text it is right more often than the
+head and costs nothing to draft. Each request keeps an acceptance tracker per source; a step
+drafts from the lookup when it found a match and its recent acceptance is at least the head's,
+and the controller sizes K by the tracker of the source chosen (`prepare`), so a long run of
+accepted copies gets long drafts while the head's guesses get short ones.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 from engine.attention.metadata import build_attention_metadata
 from engine.device import copy_to_device
 from engine.request import Request
+from engine.spec_decode.stats import PRIOR_ACCEPTANCE, AcceptanceTracker
 from engine.spec_decode.eagle_head import EagleHead
 from engine.spec_decode.model_drafter import sample_drafts
 from engine.spec_decode.ngram import find_continuation
@@ -43,6 +47,10 @@ class EagleProposer(Proposer):
         self.shared_generator = shared_generator
         self.ngram = ngram
         self.num_sequential_steps = 0  # head forwards in the last propose(), for the cost model
+        self._copies: dict[str, list[int]] = {}  # this step's lookup drafts, by request id
+        # the head's held-out acceptance, the controller's prior for its drafts
+        self.head_prior = ((getattr(head, "config", None) and head.config.training) or {}).get(
+            "held_out_acceptance", PRIOR_ACCEPTANCE)
 
     # ------------------------------------------------------------ target features
     def observe_target_step(self, scheduled, row_starts: Sequence[int], hidden: torch.Tensor,
@@ -65,6 +73,24 @@ class EagleProposer(Proposer):
             offset += count
 
     # ----------------------------------------------------------------- proposing
+    def prepare(self, requests: Sequence[Request], max_tokens: Sequence[int]) -> None:
+        self._copies = {}
+        for request, k in zip(requests, max_tokens):
+            trackers = request.acceptance_by_source
+            if not trackers:
+                # Copies start from n-gram lookup's prior, not the head's measured acceptance.
+                trackers.update(head=request.acceptance,
+                                copy=AcceptanceTracker(prior=PRIOR_ACCEPTANCE))
+            copied = (find_continuation(request.all_token_ids, k, *self.ngram)
+                      if self.ngram and k > 0 else [])
+            use_copy = bool(copied) and \
+                trackers["copy"].estimate() >= trackers["head"].estimate(self.head_prior)
+            if use_copy:
+                self._copies[request.request_id] = copied
+            # The source not used drifts back towards the prior, so it is tried again later.
+            trackers["head" if use_copy else "copy"].decay()
+            request.acceptance = trackers["copy" if use_copy else "head"]
+
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Proposal:
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
@@ -72,11 +98,12 @@ class EagleProposer(Proposer):
         for i, (request, k) in enumerate(zip(requests, num_tokens)):
             if k <= 0:
                 continue
-            copied = find_continuation(request.all_token_ids, k, *self.ngram) if self.ngram else []
+            copied = self._copies.get(request.request_id)
             if copied:
-                drafts[i] = copied
+                drafts[i] = copied[:k]
             elif request.pending_features:
                 active.append(i)
+        self._copies = {}
         self.num_sequential_steps = 0
         if active:
             self._draft(requests, num_tokens, active, drafts, probs)

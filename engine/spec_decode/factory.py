@@ -39,10 +39,11 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
     max_k = spec.num_speculative_tokens
     prior = PRIOR_ACCEPTANCE
     model = engine.runner.model
-    if spec.speculative_method == "ngram":
+    method = spec.speculative_method
+    if method == "ngram":
         proposer = NgramProposer(spec.ngram_max, spec.ngram_min)
         draft_cost = DraftCost(per_step=False, seconds_per_unit=NGRAM_SECONDS_PER_TOKEN)
-    elif spec.speculative_method == "draft":
+    elif method == "draft":
         draft = load_draft_model(spec.draft_model, engine)
         kv_cache = KVCache(draft.arch, engine.limits.num_kv_blocks, engine.limits.block_size,
                            engine.dtype, engine.device)
@@ -50,7 +51,7 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
                                 engine.device, catch_up=True, shared_generator=engine.generator)
         draft_step = measure_step_cost(draft, kv_cache, engine.limits.block_size, engine.device)
         draft_cost = ModelDraftCost(draft_step(1) / step_cost(1), step_cost)
-    elif spec.speculative_method == "eagle":
+    elif method == "eagle":
         head = load_head(head_folder(spec.draft_head, engine.model_name), model, engine.device,
                          engine.dtype)
         kv_cache = KVCache(head.arch, engine.runner.kv_cache.num_blocks, engine.limits.block_size,
@@ -82,12 +83,21 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
     return proposer, controller
 
 
+def shipped_head(model_name: str) -> Path | None:
+    """The head shipped for this model: by its name, or the name before a file suffix (the
+    GGUF's converted folder is named `<model>.<quantization>-<hash>`)."""
+    for name in (model_name, model_name.split(".")[0]):
+        if (SHIPPED_HEADS / name).is_dir():
+            return SHIPPED_HEADS / name
+    return None
+
+
 def head_folder(draft_head: str | None, model_name: str) -> Path:
     """--draft-head, else the head shipped for this model; ValueError where there is none."""
     if draft_head:
         return Path(draft_head)
-    shipped = SHIPPED_HEADS / model_name
-    if not shipped.is_dir():
+    shipped = shipped_head(model_name)
+    if shipped is None:
         raise ValueError(f"no draft head ships for {model_name}: train one with `specserve "
                          f"train-draft --model PATH --output DIR` and pass --draft-head DIR")
     return shipped

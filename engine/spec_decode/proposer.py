@@ -30,6 +30,11 @@ class Proposer(ABC):
         proposer may write its KV at the draft positions of each request's block table.
         """
 
+    def prepare(self, requests: Sequence[Request], max_tokens: Sequence[int]) -> None:
+        """Before the controller plans a step: a proposer with several sources picks one per
+        request and points `request.acceptance` at that source's tracker, so the controller
+        sizes K by the acceptance of what will actually be proposed."""
+
     def observe_target_step(self, scheduled, row_starts, hidden: torch.Tensor,
                             emitted: Sequence[Sequence[int]]) -> None:
         """After each target step, before the scheduler records it: the step's hidden states

@@ -59,8 +59,10 @@ class AcceptanceTracker:
 
     accepted: float = 0.0
     trials: float = 0.0
+    prior: float | None = None  # this source's own prior, over the one the caller passes
 
     def estimate(self, prior: float = PRIOR_ACCEPTANCE) -> float:
+        prior = self.prior if self.prior is not None else prior
         return (self.accepted + prior * PRIOR_WEIGHT) / (self.trials + PRIOR_WEIGHT)
 
     def observe(self, num_drafts: int, num_accepted: int) -> None:

@@ -8,7 +8,8 @@ import sys
 from server.cli import build_parser, engine_config_from_args
 
 FLAGS = ["--host", "--port", "--model", "--served-model-name", "--dtype", "--speculative-method",
-         "--num-speculative-tokens", "--draft-model", "--draft-layers", "--max-model-len",
+         "--num-speculative-tokens", "--draft-model", "--draft-head", "--eagle-ngram-min",
+         "--draft-layers", "--max-model-len",
          "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-memory", "--num-kv-blocks",
          "--max-queue", "--metrics-prefix", "--api-key", "--log-level"]
 
@@ -42,8 +43,16 @@ def test_defaults_serve_the_default_model_with_ngram_speculation(monkeypatch):
     config = engine_config_from_args(args)
     assert (args.host, args.port) == ("127.0.0.1", 8000)
     assert config.model.model is None
-    assert config.speculative.speculative_method == "ngram"
+    assert config.speculative.speculative_method == "ngram"  # measured ahead of eagle on CPU
     assert config.speculative.num_speculative_tokens == 5
+
+
+def test_train_draft_documents_its_flags():
+    result = subprocess.run([sys.executable, "-m", "server", "train-draft", "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    for flag in ("--model", "--output", "--device", "--max-minutes", "--max-prompts"):
+        assert flag in result.stdout, flag
 
 
 def test_bad_flag_values_fail_with_one_line():

@@ -12,8 +12,8 @@ from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.controller import (
     DraftCost,
-    ModelDraftCost,
     LinearCostModel,
+    ModelDraftCost,
     SpeculationController,
 )
 from engine.spec_decode.stats import (

@@ -78,6 +78,15 @@ def test_a_model_without_a_shipped_head_names_train_draft(tiny_chat_model_folder
         make_llm(str(tiny_chat_model_folder), speculative_method="eagle")
 
 
+def test_the_shipped_head_is_found_by_the_model_name():
+    from engine.spec_decode.factory import shipped_head
+
+    assert shipped_head("SmolLM2-135M-Instruct") is not None
+    # the default model's converted folder, `<file stem>-<hash>`
+    assert shipped_head("SmolLM2-135M-Instruct.Q4_1-080b8b61654a") is not None
+    assert shipped_head("some-other-model") is None
+
+
 def test_train_draft_smoke_on_a_tiny_model(tmp_path_factory, default_model_folder):
     """Data from the target's own answers and source on disk, training, held-out acceptance,
     and a written head that then serves losslessly."""
