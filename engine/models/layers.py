@@ -95,10 +95,15 @@ class RMSNorm(nn.Module):
         fused = cpu_ops_for(x)
         if fused is not None:
             return fused.rms_norm(x.contiguous(), self.weight, self.eps)
-        # Normalise in float32 whatever the weights' dtype, as the reference implementation does.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The plain-torch RMSNorm (differentiable; the fused CPU kernel is not)."""
+    # Normalise in float32 whatever the weights' dtype, as the reference implementation does.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -119,9 +124,9 @@ class RotaryEmbedding(nn.Module):
             return q, k
         cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.architecture import LlamaArchitecture
-from engine.models.layers import Linear, RMSNorm, RotaryEmbedding
+from engine.models.layers import Linear, RMSNorm, RotaryEmbedding, rms_norm, rotate_half
 from engine.models.llama import DecoderLayer
 
 WEIGHTS_FILE = "eagle_head.safetensors"
@@ -115,7 +115,7 @@ class EagleHead(nn.Module):
         if positions is None:
             positions = torch.arange(time, device=features.device)
         x = F.linear(torch.cat([features, next_embeds], dim=-1), self.fuse.weight)
-        h = _rms_norm(x, layer.input_layernorm)
+        h = _norm(x, layer.input_layernorm)
         qkv = F.linear(h, layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias)
         q, k, v = qkv.split(layer.self_attn.split_sizes, dim=-1)
         q = q.view(batch, time, a.num_heads, a.head_dim)
@@ -123,7 +123,7 @@ class EagleHead(nn.Module):
         v = v.view(batch, time, a.num_kv_heads, a.head_dim)
         cos = self.rotary.cos[positions].to(x.dtype)[:, None, :]  # [T, 1, D]
         sin = self.rotary.sin[positions].to(x.dtype)[:, None, :]
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         groups = a.num_heads // a.num_kv_heads
         k = k.repeat_interleave(groups, dim=2)
         v = v.repeat_interleave(groups, dim=2)
@@ -131,10 +131,10 @@ class EagleHead(nn.Module):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         attended = attended.transpose(1, 2).reshape(batch, time, -1)
         x = x + F.linear(attended, layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias)
-        h = _rms_norm(x, layer.post_attention_layernorm)
+        h = _norm(x, layer.post_attention_layernorm)
         gate, up = F.linear(h, layer.mlp.gate_up_proj.weight).split(a.intermediate_size, dim=-1)
         x = x + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
-        return _rms_norm(x, self.norm)
+        return _norm(x, self.norm)
 
     def train_logits(self, features: torch.Tensor) -> torch.Tensor:
         return F.linear(features, self.lm_head.weight)
@@ -189,15 +189,8 @@ def _shape(arch: LlamaArchitecture) -> tuple:
             arch.num_kv_heads, arch.head_dim)
 
 
-def _rms_norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.eps)
-    return norm.weight * x32.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+def _norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    return rms_norm(x, norm.weight, norm.eps)
 
 
 def _device_of(model) -> torch.device:
