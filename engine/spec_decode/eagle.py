@@ -37,8 +37,9 @@ class EagleProposer(Proposer):
 
     def __init__(self, head: EagleHead, target, kv_cache, block_size: int,
                  device: torch.device, shared_generator: torch.Generator | None = None,
-                 ngram: tuple[int, int] | None = None):
-        """`ngram`: (max, min) lengths of the n-gram lookup tried first; None: the head only."""
+                 ngram: tuple[int, int] | None = None, head_prior: float = PRIOR_ACCEPTANCE):
+        """`ngram`: (max, min) lengths of the n-gram lookup tried first; None: the head only.
+        `head_prior`: the head's expected acceptance (the controller's prior for its drafts)."""
         self.head = head
         self.target = target
         self.kv_cache = kv_cache
@@ -48,9 +49,7 @@ class EagleProposer(Proposer):
         self.ngram = ngram
         self.num_sequential_steps = 0  # head forwards in the last propose(), for the cost model
         self._copies: dict[str, list[int]] = {}  # this step's lookup drafts, by request id
-        # the head's held-out acceptance, the controller's prior for its drafts
-        self.head_prior = ((getattr(head, "config", None) and head.config.training) or {}).get(
-            "held_out_acceptance", PRIOR_ACCEPTANCE)
+        self.head_prior = head_prior
 
     # ------------------------------------------------------------ target features
     def observe_target_step(self, scheduled, row_starts: Sequence[int], hidden: torch.Tensor,

@@ -58,12 +58,12 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
                            engine.dtype, engine.device)
         ngram = (max(spec.ngram_max, spec.eagle_ngram_min), spec.eagle_ngram_min) \
             if spec.eagle_ngram_min else None
+        prior = (head.config.training or {}).get("held_out_acceptance", prior)
         proposer = EagleProposer(head, model, kv_cache, engine.limits.block_size, engine.device,
-                                 shared_generator=engine.generator, ngram=ngram)
+                                 shared_generator=engine.generator, ngram=ngram, head_prior=prior)
         draft_cost = ModelDraftCost(measure_head_step(head, model, kv_cache,
                                                       engine.limits.block_size, engine.device)
                                     / step_cost(1), step_cost)
-        prior = (head.config.training or {}).get("held_out_acceptance", prior)
     else:  # layer-skip
         layer_ids = list(spec.draft_layer_ids) if spec.draft_layer_ids else None
         bad = [i for i in layer_ids or [] if not 0 <= i < model.arch.num_layers]
