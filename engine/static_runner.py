@@ -15,6 +15,7 @@ manager hands out, so they never touch a request's cache; their logits are never
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,55 +117,53 @@ class StaticStepRunner:
                         for s in scheduled))
 
     def prepare(self, scheduled: Sequence[ScheduledRequest]) -> StaticStep:
-        """Writes the step's inputs into the persistent buffers (one non-blocking copy)."""
+        """Writes the step's inputs into the persistent buffers (one non-blocking copy).
+
+        The layout is built in plain Python lists and becomes one host tensor: at 64 requests,
+        a few small tensors per request cost ~9 ms of host time per step (measured on CPU),
+        more than a graph-replayed step takes on a GPU."""
+        bs = self.block_size
         fed = [s.num_fed_tokens for s in scheduled]
-        num_blocks = max(-(-(s.request.num_computed_tokens + n) // self.block_size)
-                         for s, n in zip(scheduled, fed))
+        starts = [s.request.num_computed_tokens for s in scheduled]
+        ends = [start + n for start, n in zip(starts, fed)]
         shape = StepShape(bucket_for(len(scheduled), self.buckets),
                           power_of_two_bucket(max(fed), self.max_query_len),
-                          power_of_two_bucket(num_blocks, self.max_blocks))
-        n_tok = shape.num_seqs * shape.query_len
-        ids = torch.zeros(n_tok, dtype=torch.long)
-        positions = torch.zeros(n_tok, dtype=torch.long)
-        slots = torch.full((n_tok,), self.scratch_slot, dtype=torch.long)
-        tables = torch.zeros(shape.num_seqs, shape.width, dtype=torch.long)
-        query_lens = torch.ones(shape.num_seqs, dtype=torch.long)
-        context_lens = torch.ones(shape.num_seqs, dtype=torch.long)
+                          power_of_two_bucket(-(-max(ends) // bs), self.max_blocks))
+        b, q, width = shape.num_seqs, shape.query_len, shape.width
+        n_tok = b * q
+        # Padding: token 0 at position 0 into the scratch slot; a padding sequence sees one key.
+        ids, positions, slots = [0] * n_tok, [0] * n_tok, [self.scratch_slot] * n_tok
+        tables, query_lens, context_lens = [0] * (b * width), [1] * b, [1] * b
         logits_rows: list[int] = []
         owners: list[int] = []
         row_starts: list[int] = []
-        for i, (s, n) in enumerate(zip(scheduled, fed)):
-            request = s.request
-            start = request.num_computed_tokens
-            row = i * shape.query_len
-            tokens = request.all_token_ids[start:start + 1] + request.draft_token_ids
-            ids[row:row + n] = torch.tensor(tokens)
-            positions[row:row + n] = torch.arange(start, start + n)
-            positions[row + n:row + shape.query_len] = start + n - 1
+        for i, (s, start, end) in enumerate(zip(scheduled, starts, ends)):
+            request, row, n = s.request, i * q, end - start
+            ids[row:row + n] = request.all_token_ids[start:start + 1] + request.draft_token_ids
+            # Padding rows of a request repeat its last position (their keys are never read).
+            positions[row:row + q] = [*range(start, end), *([end - 1] * (q - n))]
             table = request.block_table
-            for j, pos in enumerate(range(start, start + n)):
-                slots[row + j] = table[pos // self.block_size] * self.block_size \
-                    + pos % self.block_size
-            used = -(-(start + n) // self.block_size)
-            tables[i, :used] = torch.tensor(table[:used])
-            query_lens[i], context_lens[i] = n, start + n
+            slots[row:row + n] = [table[pos // bs] * bs + pos % bs for pos in range(start, end)]
+            used = -(-end // bs)
+            tables[i * width:i * width + used] = table[:used]
+            query_lens[i], context_lens[i] = n, end
             if s.samples_token:
                 owners.append(i)
                 row_starts.append(len(logits_rows))
                 logits_rows.extend(range(row, row + n))
-        host = [ids, positions, slots, tables, query_lens, context_lens,
-                torch.tensor(logits_rows, dtype=torch.long)]
+        fields = (ids, positions, slots, tables, query_lens, context_lens, logits_rows)
+        host = torch.tensor(list(itertools.chain(*fields)), dtype=torch.long)
+        host = list(host.split([len(field) for field in fields]))
+        host[3] = host[3].view(b, width)
         ids, positions, slots, tables, query_lens, context_lens, rows = \
             copy_to_device(host, self.device)
-        b = shape.num_seqs
         self.input_ids[:n_tok].copy_(ids, non_blocking=True)
         self.positions[:n_tok].copy_(positions, non_blocking=True)
         self.slot_mapping[:n_tok].copy_(slots, non_blocking=True)
-        self.block_tables[:b, :shape.width].copy_(tables, non_blocking=True)
+        self.block_tables[:b, :width].copy_(tables, non_blocking=True)
         self.query_lens[:b].copy_(query_lens, non_blocking=True)
         self.context_lens[:b].copy_(context_lens, non_blocking=True)
-        return StaticStep(shape, rows, owners, row_starts,
-                          [i * shape.query_len for i in range(len(scheduled))])
+        return StaticStep(shape, rows, owners, row_starts, [i * q for i in range(len(scheduled))])
 
     def run(self, step: StaticStep) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden states of the padded layout, logits [num_logits, vocab] float32). The hidden

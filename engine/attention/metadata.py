@@ -11,6 +11,7 @@ no backend call needs a value back from the device (boolean-mask indexing would:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -111,8 +112,8 @@ def build_attention_metadata(
     start = 0
     for i, (q_len, ctx_len) in enumerate(zip(query_lens, context_lens)):
         table = block_tables[i]
-        for pos in range(ctx_len - q_len, ctx_len):
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
+        slots.extend([table[pos // block_size] * block_size + pos % block_size
+                      for pos in range(ctx_len - q_len, ctx_len)])
         starts.append(start)
         if q_len <= MAX_QUERY_LEN_BATCHED:
             short.append(i)
@@ -146,20 +147,26 @@ def build_attention_metadata(
 
 def _batched_group_tensors(starts, query_lens, context_lens, block_tables, block_size):
     """Host tensors of a BatchedGroup: token_index, real_rows, real_token_index, block_tables,
-    query_lens, context_lens."""
+    query_lens, context_lens. Built as Python lists and converted once: a few small tensors
+    per request cost ~5 ms of host time per step at 64 requests (measured on CPU)."""
     num_seqs = len(starts)
     max_q = max(query_lens)
     max_blocks = max(-(-c // block_size) for c in context_lens)
-    token_index = torch.empty(num_seqs, max_q, dtype=torch.long)
-    tables = torch.zeros(num_seqs, max_blocks, dtype=torch.long)
+    token_index: list[int] = []
+    tables = [0] * (num_seqs * max_blocks)
     real_rows: list[int] = []
+    real_token_index: list[int] = []
     for i, (start, q_len, ctx_len) in enumerate(zip(starts, query_lens, context_lens)):
-        rows = torch.arange(max_q).clamp_(max=q_len - 1)  # padding repeats the last real token
-        token_index[i] = start + rows
+        # Padding rows repeat the request's last real token.
+        token_index.extend(range(start, start + q_len))
+        token_index.extend([start + q_len - 1] * (max_q - q_len))
         real_rows.extend(range(i * max_q, i * max_q + q_len))
+        real_token_index.extend(range(start, start + q_len))
         n = -(-ctx_len // block_size)
-        tables[i, :n] = torch.tensor(block_tables[i][:n])
-    real_rows_t = torch.tensor(real_rows, dtype=torch.long)
-    return [token_index, real_rows_t, token_index.view(-1)[real_rows_t], tables,
-            torch.tensor(query_lens, dtype=torch.long),
-            torch.tensor(context_lens, dtype=torch.long)]
+        tables[i * max_blocks:i * max_blocks + n] = block_tables[i][:n]
+    fields = (token_index, real_rows, real_token_index, tables, query_lens, context_lens)
+    host = torch.tensor(list(itertools.chain(*fields)), dtype=torch.long)
+    token_index_t, real_rows_t, real_token_index_t, tables_t, q_lens_t, ctx_t = \
+        host.split([len(field) for field in fields])
+    return [token_index_t.view(num_seqs, max_q), real_rows_t, real_token_index_t,
+            tables_t.view(num_seqs, max_blocks), q_lens_t, ctx_t]

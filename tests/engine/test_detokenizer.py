@@ -114,3 +114,28 @@ def test_round_trip_with_default_model_tokenizer(chunk: int, default_model_folde
         deltas = stream(detok, ids, chunk)
         assert "".join(deltas) == real.decode(ids, skip_special_tokens=True) == text
         assert all("\ufffd" not in delta for delta in deltas)
+
+
+class _DecodeOnly:
+    """A tokenizer with no Rust backend exposed: the detokenizer must fall back to `decode`."""
+
+    def __init__(self, tok: PreTrainedTokenizerFast) -> None:
+        self._tok, self.calls = tok, 0
+
+    def decode(self, *args, **kwargs) -> str:
+        self.calls += 1
+        return self._tok.decode(*args, **kwargs)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_backend_decoder_and_plain_decode_give_the_same_deltas(
+    tok: PreTrainedTokenizerFast, skip: bool
+) -> None:
+    eos = tok.eos_token_id
+    ids = [i for text in TEXTS for i in encode(tok, text) + [eos]]
+    plain = _DecodeOnly(tok)
+    fast_deltas = stream(IncrementalDetokenizer(tok, [eos], skip_special_tokens=skip), ids)
+    plain_deltas = stream(IncrementalDetokenizer(plain, [eos], skip_special_tokens=skip), ids)
+    assert plain.calls > len(ids)  # the fallback really decoded
+    assert fast_deltas == plain_deltas
+    assert "".join(fast_deltas) == tok.decode(ids, skip_special_tokens=skip)
