@@ -190,7 +190,7 @@ class StaticStepRunner:
                 query_lens=self.query_lens[:shape.num_seqs],
                 context_lens=self.context_lens[:shape.num_seqs],
                 num_seqs=shape.num_seqs, max_query_len=shape.query_len,
-                block_size=self.block_size),
+                block_size=self.block_size, identity_layout=True),
             chunks=[], block_size=self.block_size)
         return self.model.hidden_states(self.input_ids[:n_tok], self.positions[:n_tok],
                                         self.kv_cache, meta)

@@ -35,20 +35,34 @@ class BatchedGroup:
     num_seqs: int
     max_query_len: int
     block_size: int
-    _masks: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    # The padded layout is the flat batch itself (token_index is 0, 1, 2, ... in order): queries
+    # are a view of q and the output needs no scatter. Padded steps, and steps of decodes only.
+    identity_layout: bool = False
+    _masks: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def attn_mask(self, query_group: int = 1) -> torch.Tensor:
         """[num_seqs, 1, query_group * max_query_len, max_blocks * block_size] bool, may attend.
 
         `query_group` > 1 repeats the rows for grouped-query attention with the query heads of one
         KV head folded into the query dimension. Built on the device once per step and kept."""
-        mask = self._masks.get(query_group)
+        mask = self._masks.get((query_group,))
         if mask is None:
             mask = causal_paged_mask(self.query_lens, self.context_lens, self.max_query_len,
                                      self.block_tables.shape[1] * self.block_size)
             if query_group > 1 and self.max_query_len > 1:
                 mask = mask.repeat(1, 1, query_group, 1)
-            self._masks[query_group] = mask
+            self._masks[(query_group,)] = mask
+        return mask
+
+    def additive_mask(self, query_group: int, dtype: torch.dtype) -> torch.Tensor:
+        """`attn_mask` as 0 / -inf in `dtype`, once per step: SDPA turns a boolean mask into
+        this on every call, i.e. in every layer."""
+        mask = self._masks.get((query_group, dtype))
+        if mask is None:
+            allowed = self.attn_mask(query_group)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device) \
+                .masked_fill_(allowed.logical_not(), float("-inf"))
+            self._masks[(query_group, dtype)] = mask
         return mask
 
 
@@ -140,6 +154,8 @@ def build_attention_metadata(
             token_index=token_index, real_rows=real_rows, real_token_index=real_token_index,
             block_tables=tables, query_lens=q_lens, context_lens=ctx, num_seqs=len(short),
             max_query_len=token_index.shape[1], block_size=block_size,
+            # every request short and of the same length: the padded layout has no padding
+            identity_layout=not chunk_specs and len(set(query_lens)) == 1,
         )
     return AttentionMetadata(slot_mapping=slot_mapping, batched=batched, chunks=chunks,
                              block_size=block_size)

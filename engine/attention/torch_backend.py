@@ -33,9 +33,14 @@ def paged_attention(
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Stores the new tokens' KV in the cache, then attends every query to its request's context."""
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    out = torch.empty_like(q)
     group = meta.batched
     fused = cpu_ops_for(q)
+    if group is not None and group.identity_layout and fused is None:
+        queries = q.view(group.num_seqs, group.max_query_len, *q.shape[1:]).transpose(1, 2)
+        keys = _gather_blocks(k_cache, group.block_tables)
+        values = _gather_blocks(v_cache, group.block_tables)
+        return _sdpa_folded(queries, keys, values, group).transpose(1, 2).flatten(0, 1)
+    out = torch.empty_like(q)
     if group is not None and fused is not None:
         fused.paged_attention_small(q.contiguous(), k_cache, v_cache, group.token_index,
                                     group.query_lens, group.context_lens, group.block_tables, out)
@@ -89,7 +94,7 @@ def _sdpa_folded(q, k, v, group: BatchedGroup):
     batch, num_heads, q_len, head_dim = q.shape
     query_group = num_heads // k.shape[1]
     attend = _attend_small if q.device.type == "cpu" else F.scaled_dot_product_attention
-    attn_mask = group.attn_mask(query_group)
+    attn_mask = group.additive_mask(query_group, q.dtype)
     if query_group == 1:
         return attend(q, k, v, attn_mask=attn_mask)
     q = q.reshape(batch, k.shape[1], query_group * q_len, head_dim)
@@ -99,12 +104,12 @@ def _sdpa_folded(q, k, v, group: BatchedGroup):
 
 
 def _attend_small(q, k, v, attn_mask):
-    """softmax(q k^T / sqrt(d) masked) v as three batched matmuls: for the few queries per
-    request of decode and verify steps on CPU this costs tens of microseconds per layer, where
-    SDPA's CPU flash kernel spent ~1 ms (measured, SmolLM2 decode at batch 1)."""
+    """softmax(q k^T / sqrt(d) + mask) v as three batched matmuls (`attn_mask` additive): for
+    the few queries per request of decode and verify steps on CPU this costs tens of
+    microseconds per layer, where SDPA's CPU flash kernel spent ~1 ms (measured, SmolLM2 decode
+    at batch 1)."""
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
-    scores.masked_fill_(attn_mask.logical_not(), float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    return torch.matmul(torch.softmax(scores.add_(attn_mask), dim=-1), v)
 
 
 def _sdpa(q, k, v, attn_mask=None, is_causal=False):

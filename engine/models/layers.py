@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.models.architecture import LlamaArchitecture
 from engine.quant.gguf_weight import GGUFWeight, PackedTensor
-from engine.quant.kernels import cpu_ops_for
+from engine.quant.kernels import cpu_ops_for, cpu_ops_on
 
 # oneDNN tunes a packed weight's blocking for an expected number of rows; 8 suits decode
 # batches and draft verification alike (1, 4 and 16 rows measured within ~10% of their best).
@@ -99,11 +101,10 @@ class RMSNorm(nn.Module):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The plain-torch RMSNorm (differentiable; the fused CPU kernel is not)."""
-    # Normalise in float32 whatever the weights' dtype, as the reference implementation does.
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    """The plain-torch RMSNorm (differentiable; the fused CPU kernel is not). Normalises in
+    float32 whatever the weights' dtype; `F.rms_norm` is one fused kernel on devices that have
+    one, where the written-out formula is five or more."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -116,15 +117,38 @@ class RotaryEmbedding(nn.Module):
         angles = torch.cat([freqs, freqs], dim=-1)  # [max_pos, head_dim]
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
+        # sin with its first half negated: rotate_half(x) * sin == x.roll(D/2) * sin_rolled,
+        # one roll instead of a negation and a concatenation.
+        half = arch.head_dim // 2
+        self.register_buffer("sin_rolled", torch.cat([-self.sin[:, :half], self.sin[:, half:]],
+                                                     dim=-1), persistent=False)
 
-    def forward(self, positions, q, k):  # positions [T]; q [T, H, D]; k [T, Hkv, D]
-        fused = cpu_ops_for(q)
-        if fused is not None:  # in place: q and k are fresh views of this step's projection
-            fused.rotary_(q, k, self.cos, self.sin, positions)
-            return q, k
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> "RotaryStep":
+        """The rotation of one step's tokens, looked up once for every layer."""
+        fused = cpu_ops_on(positions.device, dtype)
+        if fused is not None:  # the fused op indexes the full tables itself
+            return RotaryStep(positions, self.cos, self.sin, fused)
+        return RotaryStep(positions, self.cos[positions].unsqueeze(1).to(dtype),
+                          self.sin_rolled[positions].unsqueeze(1).to(dtype), None)
+
+
+@dataclass
+class RotaryStep:
+    """Rotates the queries and keys of one step's tokens (the same positions in every layer)."""
+
+    positions: torch.Tensor  # [T]
+    cos: torch.Tensor  # torch path: [T, 1, D] at the positions; fused: the full table
+    sin: torch.Tensor  # torch path: sin_rolled [T, 1, D] at the positions; fused: the full sin
+    fused: object | None  # the CPU extension whose rotary_ applies, or None
+
+    def rotate(self, qk: torch.Tensor, num_heads: int) -> torch.Tensor:
+        """qk: [T, num_heads + num_kv_heads, D], each token's query heads then its key heads,
+        rotated together: four kernels for both on the torch path."""
+        if self.fused is not None:  # in place: qk is a fresh view of this step's projection
+            self.fused.rotary_(qk[:, :num_heads], qk[:, num_heads:], self.cos, self.sin,
+                               self.positions)
+            return qk
+        return qk * self.cos + qk.roll(qk.shape[-1] // 2, -1) * self.sin
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

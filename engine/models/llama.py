@@ -16,7 +16,7 @@ from torch import nn
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import paged_attention
 from engine.models.architecture import LlamaArchitecture
-from engine.models.layers import Linear, RMSNorm, RotaryEmbedding
+from engine.models.layers import Linear, RMSNorm, RotaryEmbedding, RotaryStep
 from engine.quant.gguf_weight import PackedTensor
 from engine.quant.kernels import cpu_ops_for
 
@@ -32,12 +32,14 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(arch.hidden_size, q_size + 2 * kv_size, bias=arch.qkv_bias)
         self.o_proj = Linear(q_size, arch.hidden_size, bias=arch.o_bias)
 
-    def forward(self, x, positions, rotary, k_cache, v_cache, meta: AttentionMetadata):
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
+    def forward(self, x, rope: RotaryStep, k_cache, v_cache, meta: AttentionMetadata):
+        qk, v = self.qkv_proj(x).split([self.split_sizes[0] + self.split_sizes[1],
+                                        self.split_sizes[2]], dim=-1)
+        # Queries and keys sit side by side in the projection: one rotation covers both.
+        qk = rope.rotate(qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim),
+                         self.num_heads)
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
         out = paged_attention(q, k, v, k_cache, v_cache, meta)
         return self.o_proj(out.flatten(1))
 
@@ -66,8 +68,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = MLP(arch)
 
-    def forward(self, x, positions, rotary, k_cache, v_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, k_cache, v_cache, meta)
+    def forward(self, x, rope: RotaryStep, k_cache, v_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def fused_weights(self) -> tuple | None:
@@ -150,9 +152,10 @@ class LlamaForCausalLM(nn.Module):
         if weights and all(w is not None for w in weights):
             self._fused_decode(fused, x, positions, kv_caches, meta, layers, weights)
         else:
+            rope = self.rotary.at(positions, x.dtype)
             for i in layers:
                 k_cache, v_cache = kv_caches[i]
-                x = self.layers[i](x, positions, self.rotary, k_cache, v_cache, meta)
+                x = self.layers[i](x, rope, k_cache, v_cache, meta)
         return x
 
     def _fused_decode(self, fused, x, positions, kv_caches, meta, layers, weights) -> None:

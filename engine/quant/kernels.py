@@ -45,7 +45,12 @@ def load_kernel():
 def cpu_ops_for(x):
     """The extension where its fused float32 CPU ops (cpu_ops.cpp) apply to tensor `x`, else
     None: other devices and dtypes take the torch path."""
-    if x.device.type != "cpu" or x.dtype != torch_float32():
+    return cpu_ops_on(x.device, x.dtype)
+
+
+def cpu_ops_on(device, dtype):
+    """`cpu_ops_for` a tensor of this device and dtype."""
+    if device.type != "cpu" or dtype != torch_float32():
         return None
     return load_kernel()
 

@@ -98,7 +98,7 @@ class EagleHead(nn.Module):
                 kv_cache, meta) -> torch.Tensor:  # [n, H] f^_{t+1}
         x = self.fuse(torch.cat([features, next_embeds], dim=-1).to(self.fuse.weight.dtype))
         k_cache, v_cache = kv_cache[0]
-        x = self.layer(x, positions, self.rotary, k_cache, v_cache, meta)
+        x = self.layer(x, self.rotary.at(positions, x.dtype), k_cache, v_cache, meta)
         return self.norm(x)
 
     @torch.inference_mode()

@@ -26,8 +26,11 @@ FAMILIES = {
 }
 
 
-@pytest.fixture(params=DEVICES)
-def device(request) -> torch.device:
+@pytest.fixture(params=[*DEVICES, "cpu-torch-ops"])
+def device(request, monkeypatch) -> torch.device:
+    if request.param == "cpu-torch-ops":  # the torch path CUDA runs, here on the CPU
+        monkeypatch.setattr("engine.quant.kernels.load_kernel", lambda: None)
+        return CPU
     return torch.device(request.param)
 
 

@@ -3,7 +3,10 @@ graphs replay, run eagerly here. They must give exactly the tokens of the flat, 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import SamplingParams
 from engine.static_runner import bucket_for, power_of_two_bucket
@@ -66,3 +69,62 @@ def test_padded_steps_give_the_flat_steps_tokens(tiny_chat_model_folder, method,
     assert runner.input_ids.untyped_storage().data_ptr() in buffers
     manager = llm.engine.block_manager
     assert manager.num_free_blocks == manager.num_blocks
+
+
+# Ops that only make a view or an alias of their input: no kernel runs.
+_VIEW_OPS = {"view", "_unsafe_view", "transpose", "t", "expand", "unsqueeze", "squeeze", "split",
+             "split_with_sizes", "slice", "select", "as_strided", "detach", "alias", "permute",
+             "_reshape_alias", "reshape", "flatten", "unflatten", "narrow"}
+
+
+class _KernelCount(TorchDispatchMode):
+    """aten ops that launch work (allocations and views excluded), by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in _VIEW_OPS and not name.startswith("empty"):
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("num_speculative_tokens", [0, 3])
+def test_a_padded_step_runs_few_kernels_per_layer(tiny_chat_model_folder, monkeypatch,
+                                                  num_speculative_tokens):
+    """On a GPU a replayed graph costs about its kernel count: a decoder layer of a decode or
+    verify step stays within 24 ops on the torch path (51 before the rotation was shared by q
+    and k and looked up once per step, the padded layout read as a view, and the mask made
+    additive once per step). Counted at dispatch, on whatever device the tests use."""
+    monkeypatch.setattr("engine.quant.kernels.load_kernel", lambda: None)  # the CUDA path
+    method = ({"speculative_method": "none"} if num_speculative_tokens == 0 else
+              {"speculative_method": "layer-skip", "draft_layer_ids": (0,), "adaptive": False,
+               "num_speculative_tokens": num_speculative_tokens})
+    llm = make_llm(str(tiny_chat_model_folder), padded_steps=True, max_num_seqs=4, **method)
+    layer, runner = llm.engine.runner.model.layers[1], llm.engine.static_runner
+    counts: list[Counter[str]] = []
+    query_lens: list[int] = []
+    forward, run = layer.forward, runner.run
+
+    def counted_forward(*args, **kwargs):
+        with _KernelCount() as count:
+            out = forward(*args, **kwargs)
+        counts.append(count.ops)
+        return out
+
+    def padded_run(step):  # count the layer in padded steps only
+        layer.forward = counted_forward
+        query_lens.append(step.shape.query_len)
+        try:
+            return run(step)
+        finally:
+            layer.forward = forward
+
+    runner.run = padded_run
+    llm.generate(PROMPTS[:3], [SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)] * 3)
+    assert len(counts) == len(query_lens) > 4
+    assert max(query_lens) == 1 + num_speculative_tokens
+    per_layer = max(sum(c.values()) for c in counts)
+    assert 10 <= per_layer <= 24, counts
