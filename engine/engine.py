@@ -6,6 +6,7 @@ caller's thread.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -198,8 +199,10 @@ class LLMEngine:
                 # Only decode/verify steps teach the cost of a verified token: a prefill chunk's
                 # tokens cost a fraction of that per token (one large GEMM), and fitted together
                 # they made drafts look ~2x cheaper than they are in a batch.
-                self.controller.observe_step(plan.num_batched_tokens,
-                                             time.perf_counter() - started)
+                shape = getattr(model_input, "shape", None)  # a padded step costs its rows
+                rows = plan.num_batched_tokens if shape is None \
+                    else shape.num_seqs * shape.query_len
+                self.controller.observe_step(rows, time.perf_counter() - started)
             for request, tokens in zip(requests, emitted_by_owner):
                 if request.draft_token_ids:
                     self.controller.observe_verification(
@@ -229,7 +232,12 @@ class LLMEngine:
         requests = [s.request for s in decoding]
         num_other = plan.num_batched_tokens  # drafts not set yet: each request's own tokens
         self.proposer.prepare(requests, [s.num_lookahead for s in decoding])
-        ks = self.controller.plan(requests, [s.num_lookahead for s in decoding], num_other)
+        padded_tokens = None
+        if self.static_runner is not None and self.static_runner.fits(plan.scheduled):
+            padded_tokens = functools.partial(self.static_runner.padded_tokens,
+                                              len(plan.scheduled))
+        ks = self.controller.plan(requests, [s.num_lookahead for s in decoding], num_other,
+                                  padded_tokens)
         if not any(ks):
             return {}
         started = time.perf_counter()

@@ -116,6 +116,12 @@ class StaticStepRunner:
                 and all(s.num_new_tokens == 1 and s.num_fed_tokens <= self.max_query_len
                         for s in scheduled))
 
+    def padded_tokens(self, num_seqs: int, depth: int) -> int:
+        """Rows a padded step of `num_seqs` requests computes when its longest request feeds
+        `depth` draft tokens: what it costs, whoever drafts."""
+        return bucket_for(num_seqs, self.buckets) * power_of_two_bucket(1 + depth,
+                                                                        self.max_query_len)
+
     def prepare(self, scheduled: Sequence[ScheduledRequest]) -> StaticStep:
         """Writes the step's inputs into the persistent buffers (one non-blocking copy).
 

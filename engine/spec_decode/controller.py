@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from engine.request import Request
 from engine.spec_decode.stats import PRIOR_ACCEPTANCE
@@ -114,20 +114,53 @@ class SpeculationController:
         trackers = request.acceptance_by_source.values() or [request.acceptance]
         # Several sources (eagle): reserve for the best, the step may draft from any of them.
         estimate = max(t.estimate(self.prior_acceptance) for t in trackers)
-        if estimate >= 1.0:
-            return self.max_k
-        useful = math.floor(math.log(MIN_DRAFT_GAIN) / math.log(max(estimate, 1e-9)))
-        return max(1, min(self.max_k, useful))  # at least one slot, so the request can probe
+        # at least one slot, so the request can probe
+        return max(1, min(self.max_k, _useful_drafts(estimate)))
 
     def plan(self, requests: Sequence[Request], max_ks: Sequence[int],
-             num_other_tokens: int) -> list[int]:
+             num_other_tokens: int,
+             padded_tokens: Callable[[int], int] | None = None) -> list[int]:
         """Draft tokens per request for this step. `num_other_tokens`: tokens fed anyway (each
-        request's last token, other requests' prefill chunks)."""
+        request's last token, other requests' prefill chunks). `padded_tokens`, for a step
+        that will run padded (static_runner.py): the rows it computes when its longest request
+        drafts L tokens."""
         if not self.adaptive:
             return list(max_ks)
-        ks = [0] * len(requests)
         estimates = [r.acceptance.estimate(self.prior_acceptance) for r in requests]
-        gains = sum(1.0 for _ in requests)  # each request emits at least one token
+        if padded_tokens is not None:
+            ks = self._plan_by_depth(estimates, max_ks, padded_tokens)
+        else:
+            ks = self._plan_greedy(estimates, max_ks, num_other_tokens)
+        for request, k in zip(requests, ks):
+            if k == 0:
+                request.acceptance.decay()  # drift back towards the prior, to probe later
+        return ks
+
+    def _plan_by_depth(self, estimates: Sequence[float], max_ks: Sequence[int],
+                       padded_tokens: Callable[[int], int]) -> list[int]:
+        """A padded step pads every sequence to its longest query, so its cost depends on the
+        depth L (the most drafts any request gets), not on how many requests draft: one draft
+        costs as much as L for everyone. Each depth is tried, every request drafting up to L
+        tokens while a draft still gains >= 2% of a token; the best tokens per second wins."""
+        useful = [min(m, _useful_drafts(a)) for a, m in zip(estimates, max_ks)]
+        best_ks = [0] * len(estimates)
+        best_rate = len(estimates) / self.step_cost(padded_tokens(0))
+        for depth in range(1, max(useful, default=0) + 1):
+            ks = [min(depth, u) for u in useful]
+            gain = sum(a * (1 - a ** k) / (1 - a) if a < 1 else float(k)
+                       for a, k in zip(estimates, ks))
+            cost = self.step_cost(padded_tokens(depth)) + self.draft_cost(sum(ks), depth)
+            rate = (len(estimates) + gain) / cost
+            if rate > best_rate:
+                best_ks, best_rate = ks, rate
+        return best_ks
+
+    def _plan_greedy(self, estimates: Sequence[float], max_ks: Sequence[int],
+                     num_other_tokens: int) -> list[int]:
+        """A flat step costs by the tokens it feeds: drafts go out one at a time, to the
+        likeliest next draft, while each raises the step's expected tokens per second."""
+        ks = [0] * len(estimates)
+        gains = float(len(estimates))  # each request emits at least one token
         cost = self.step_cost(num_other_tokens)
         total_drafts, longest = 0, 0
         # Max-heap of (next draft's expected gain, request index).
@@ -148,9 +181,6 @@ class SpeculationController:
             longest = new_longest
             if ks[i] < max_ks[i]:
                 heapq.heappush(heap, (-gain * estimates[i], i))
-        for request, k in zip(requests, ks):
-            if k == 0:
-                request.acceptance.decay()  # drift back towards the prior, to probe later
         return ks
 
     def observe_verification(self, request: Request, num_drafts: int, num_accepted: int) -> None:
@@ -162,3 +192,10 @@ class SpeculationController:
     def observe_drafting(self, num_draft_tokens: int, num_sequential_steps: int,
                          seconds: float) -> None:
         self.draft_cost.observe(num_draft_tokens, num_sequential_steps, seconds)
+
+
+def _useful_drafts(acceptance: float) -> int:
+    """Drafts whose expected gain (acceptance ** i for the i-th) is at least MIN_DRAFT_GAIN."""
+    if acceptance >= 1.0:
+        return 1 << 30
+    return max(0, math.floor(math.log(MIN_DRAFT_GAIN) / math.log(max(acceptance, 1e-9))))

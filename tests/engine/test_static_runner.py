@@ -128,3 +128,30 @@ def test_a_padded_step_runs_few_kernels_per_layer(tiny_chat_model_folder, monkey
     assert max(query_lens) == 1 + num_speculative_tokens
     per_layer = max(sum(c.values()) for c in counts)
     assert 10 <= per_layer <= 24, counts
+
+
+def test_the_controller_prices_padded_steps_by_their_rows(tiny_chat_model_folder):
+    llm = make_llm(str(tiny_chat_model_folder), padded_steps=True, max_num_seqs=6,
+                   speculative_method="ngram", num_speculative_tokens=3)
+    engine = llm.engine
+    controller, runner = engine.controller, engine.static_runner
+    shapes, observed, layouts = [], [], []
+    prepare, observe_step, plan = runner.prepare, controller.observe_step, controller.plan
+
+    def spy_prepare(scheduled):
+        step = prepare(scheduled)
+        shapes.append(step.shape)
+        return step
+
+    runner.prepare = spy_prepare
+    controller.observe_step = lambda n, seconds: (observed.append(n), observe_step(n, seconds))
+    controller.plan = lambda requests, max_ks, num_other, padded=None: (
+        layouts.append(padded), plan(requests, max_ks, num_other, padded))[1]
+    llm.generate(PROMPTS, PARAMS)
+    # Every padded step taught the cost model its padded rows, not its real tokens.
+    assert observed == [s.num_seqs * s.query_len for s in shapes]
+    assert any(s.num_seqs > 1 for s in shapes)
+    assert any(layout is not None for layout in layouts)
+    layout = next(layout for layout in layouts if layout is not None)
+    assert [layout(depth) for depth in range(4)] == [
+        layout(0), 2 * layout(0), 4 * layout(0), 4 * layout(0)]

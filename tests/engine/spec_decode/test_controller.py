@@ -218,3 +218,43 @@ def test_model_drafting_is_priced_by_the_rows_it_runs():
     for _ in range(100):
         by_rows.observe(num_tokens=32, num_steps=1, seconds=0.25 * (0.010 + 0.064))
     assert by_rows.fraction == pytest.approx(0.25, rel=0.01)
+
+
+def _padded(num_seqs):
+    """Rows of a padded step (bucketed batch x query length a power of two, at most 1 + MAX_K)."""
+    from engine.static_runner import BATCH_BUCKETS, bucket_for, power_of_two_bucket
+
+    return lambda depth: bucket_for(num_seqs, BATCH_BUCKETS) * power_of_two_bucket(1 + depth,
+                                                                                   1 + MAX_K)
+
+
+def test_padded_steps_price_a_draft_as_padding_every_sequence():
+    """One request drafting pads all 16 to two rows each. Flat pricing charges one token and
+    drafts for the sure request; padded pricing sees 16 extra rows for ~1.3 expected tokens."""
+    controller = make_controller(fixed=0.010, per_token=0.001)
+    sure = trained_request(controller, "sure", num_accepted=MAX_K)
+    rest = [trained_request(controller, str(i), num_accepted=0) for i in range(15)]
+    requests = [sure, *rest]
+    flat = controller.plan(requests, [MAX_K] * 16, num_other_tokens=16)
+    assert flat[0] == MAX_K and not any(flat[1:])
+    assert controller.plan(requests, [MAX_K] * 16, 16, padded_tokens=_padded(16)) == [0] * 16
+
+
+def test_padded_steps_fill_the_rows_that_are_padded_anyway():
+    """Once the rows are paid for, every request drafts to the same depth: where greedy
+    one-at-a-time pricing stops at the first draft that does not pay alone, depth pricing
+    weighs all 16 requests' drafts against the one step they share."""
+    controller = make_controller(fixed=0.010, per_token=0.001)
+    requests = [trained_request(controller, str(i), num_accepted=2) for i in range(16)]
+    estimate = requests[0].acceptance.estimate()
+    assert 0.6 < estimate < 0.7
+    ks = controller.plan(requests, [MAX_K] * 16, 16, padded_tokens=_padded(16))
+    assert len(set(ks)) == 1 and ks[0] >= 1
+    # The chosen depth is the best of all depths.
+    def rate(depth):
+        gain = 16 * sum(estimate ** j for j in range(1, depth + 1))
+        return (16 + gain) / controller.step_cost(_padded(16)(depth))
+    assert rate(ks[0]) == max(rate(d) for d in range(MAX_K + 1))
+    # Expensive rows (a CPU): no depth pays.
+    costly = make_controller(fixed=0.028, per_token=0.009)
+    assert costly.plan(requests, [MAX_K] * 16, 16, padded_tokens=_padded(16)) == [0] * 16
