@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATION_NAMES = ("auto", "gguf", "none")
+ATTENTION_BACKENDS = ("torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class ModelConfig:
     # unpadded flat batch is cheaper.
     padded_steps: bool | None = None
     enforce_eager: bool = False  # no CUDA graphs: padded steps (if on) run eagerly
+    # Decode/verify attention: "torch" gathers pages then SDPA (everywhere); "triton" reads the
+    # block table in one kernel (engine/attention/triton_backend.py; needs the triton package).
+    attention_backend: str = "torch"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
@@ -36,6 +40,9 @@ class ModelConfig:
         if self.quantization not in QUANTIZATION_NAMES:
             raise ValueError(f"--quantization must be one of {', '.join(QUANTIZATION_NAMES)}, "
                              f"got {self.quantization!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}"
+                             f", got {self.attention_backend!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
 

@@ -57,6 +57,7 @@ class LLMEngine:
         self.eos_token_ids = loaded.eos_token_ids
         self.hf_config = loaded.hf_config
         arch = loaded.model.arch
+        loaded.model.set_attention_backend(config.model.attention_backend)
         self.vocab_size = arch.vocab_size
         self.limits = EngineLimits(
             num_kv_blocks=num_kv_blocks(config, loaded.model, self.dtype, self.device,

@@ -102,6 +102,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "activations and KV cache (default: %(default)s)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: decode and verify steps launch their kernels one by one")
+    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"],
+                   help="decode/verify attention: 'torch' gathers KV pages and calls SDPA; "
+                        "'triton' reads the block table in one kernel (GPU; default: "
+                        "%(default)s)")
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help="exact number of KV blocks (overrides --kv-cache-memory)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -134,6 +138,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory_gib=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+        attention_backend=args.attention_backend,
         block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching,
         speculative_method=args.speculative_method,
         num_speculative_tokens=args.num_speculative_tokens, draft_model=args.draft_model,

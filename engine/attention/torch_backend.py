@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.attention import triton_backend
 from engine.attention.metadata import AttentionMetadata, BatchedGroup
 from engine.quant.kernels import cpu_ops_for
 
@@ -30,18 +31,22 @@ def paged_attention(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     meta: AttentionMetadata,
+    backend: str = "torch",  # "triton": decode/verify requests through the Triton kernel
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Stores the new tokens' KV in the cache, then attends every query to its request's context."""
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     group = meta.batched
     fused = cpu_ops_for(q)
-    if group is not None and group.identity_layout and fused is None:
+    if group is not None and group.identity_layout and fused is None and backend == "torch":
+        # The padded layout is the whole batch: queries are a view, and there is no scatter.
         queries = q.view(group.num_seqs, group.max_query_len, *q.shape[1:]).transpose(1, 2)
         keys = _gather_blocks(k_cache, group.block_tables)
         values = _gather_blocks(v_cache, group.block_tables)
         return _sdpa_folded(queries, keys, values, group).transpose(1, 2).flatten(0, 1)
     out = torch.empty_like(q)
-    if group is not None and fused is not None:
+    if group is not None and backend == "triton" and triton_backend.supports(q, k_cache):
+        triton_backend.paged_attention_short(q, k_cache, v_cache, group, out)
+    elif group is not None and fused is not None:
         fused.paged_attention_small(q.contiguous(), k_cache, v_cache, group.token_index,
                                     group.query_lens, group.context_lens, group.block_tables, out)
     elif group is not None:

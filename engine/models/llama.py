@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.attention import triton_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import paged_attention
 from engine.models.architecture import LlamaArchitecture
@@ -31,6 +32,7 @@ class Attention(nn.Module):
         self.split_sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = Linear(arch.hidden_size, q_size + 2 * kv_size, bias=arch.qkv_bias)
         self.o_proj = Linear(q_size, arch.hidden_size, bias=arch.o_bias)
+        self.backend = "torch"  # of decode/verify attention (engine/attention/)
 
     def forward(self, x, rope: RotaryStep, k_cache, v_cache, meta: AttentionMetadata):
         qk, v = self.qkv_proj(x).split([self.split_sizes[0] + self.split_sizes[1],
@@ -40,7 +42,7 @@ class Attention(nn.Module):
                          self.num_heads)
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.backend)
         return self.o_proj(out.flatten(1))
 
 
@@ -114,6 +116,13 @@ class LlamaForCausalLM(nn.Module):
         if self.embed_tokens is None:
             return self.lm_head.embedding(input_ids)
         return self.embed_tokens(input_ids)
+
+    def set_attention_backend(self, name: str) -> None:
+        """Raises ValueError where the backend cannot run (the triton package missing)."""
+        if name == "triton":
+            triton_backend.check_available()
+        for layer in self.layers:
+            layer.self_attn.backend = name
 
     def pack_for_cpu(self) -> None:
         """Repacks every projection for the CPU's fastest kernel (no-op elsewhere)."""

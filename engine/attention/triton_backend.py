@@ -1,0 +1,125 @@
+"""Paged attention for decode and verify steps as one Triton kernel that reads the block table.
+
+The torch backend gathers every request's KV pages into a padded copy, per layer, and then calls
+SDPA with a mask: three kernels and a copy of the whole context. Here one kernel does it: a
+program per (request, KV head) walks the request's blocks through the block table and keeps an
+online softmax (FlashAttention's running max and sum), for all the query heads that share the KV
+head and all the request's query rows (its last token and its drafts) at once, each row seeing
+the keys up to its own position. Prefill chunks stay on the torch backend.
+
+Chosen with `--attention-backend triton` (CUDA). Its tests run the same kernel on the CPU under
+Triton's interpreter (TRITON_INTERPRET=1), against the torch backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+from engine.attention.metadata import BatchedGroup
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def paged_attention_kernel(
+        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+        token_index_ptr, block_tables_ptr, query_lens_ptr, context_lens_ptr,
+        stride_q_token, stride_q_head, stride_out_token, stride_out_head,
+        stride_k_block, stride_k_slot, stride_k_head,
+        stride_v_block, stride_v_slot, stride_v_head,
+        stride_table, stride_index, scale,
+        QUERY_GROUP: tl.constexpr, MAX_Q: tl.constexpr, ROWS: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr,
+    ):
+        seq = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        q_len = tl.load(query_lens_ptr + seq)
+        context_len = tl.load(context_lens_ptr + seq)
+        # Row i of this program: query head kv_head * QUERY_GROUP + i // MAX_Q, query row
+        # i % MAX_Q of the request. Padding rows attend as the request's last real row.
+        rows = tl.arange(0, ROWS)
+        real = rows < QUERY_GROUP * MAX_Q
+        query_row = rows % MAX_Q
+        head = kv_head * QUERY_GROUP + rows // MAX_Q
+        token = tl.load(token_index_ptr + seq * stride_index + query_row, mask=real, other=0)
+        position = context_len - q_len + tl.minimum(query_row, q_len - 1)
+        dims = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + token[:, None] * stride_q_token + head[:, None] * stride_q_head
+                    + dims[None, :], mask=real[:, None], other=0.0)
+        slots = tl.arange(0, BLOCK_SIZE)
+        running_max = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+        running_sum = tl.zeros([ROWS], dtype=tl.float32)
+        acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+        for b in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
+            block = tl.load(block_tables_ptr + seq * stride_table + b)
+            k = tl.load(k_cache_ptr + block * stride_k_block + slots[:, None] * stride_k_slot
+                        + kv_head * stride_k_head + dims[None, :])
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [ROWS, BLOCK_SIZE]
+            visible = (b * BLOCK_SIZE + slots)[None, :] <= position[:, None]
+            scores = tl.where(visible, scores, float("-inf"))
+            # Every row sees key 0 in the first block, so the running max is finite from there.
+            new_max = tl.maximum(running_max, tl.max(scores, 1))
+            p = tl.exp(scores - new_max[:, None])
+            rescale = tl.exp(running_max - new_max)
+            running_sum = running_sum * rescale + tl.sum(p, 1)
+            v = tl.load(v_cache_ptr + block * stride_v_block + slots[:, None] * stride_v_slot
+                        + kv_head * stride_v_head + dims[None, :])
+            acc = acc * rescale[:, None] \
+                + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+            running_max = new_max
+        out = acc / running_sum[:, None]
+        tl.store(out_ptr + token[:, None] * stride_out_token + head[:, None] * stride_out_head
+                 + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=real[:, None])
+
+    return paged_attention_kernel
+
+
+def check_available() -> None:
+    """Raises ValueError with what to do when Triton cannot be imported."""
+    try:
+        importlib.import_module("triton")
+    except ImportError as error:
+        raise ValueError("--attention-backend triton needs the triton package (CUDA builds of "
+                         f"torch bring it; pip install triton): {error}") from None
+
+
+def _power_of_two(n: int) -> bool:
+    return n >= 16 and n & (n - 1) == 0
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Shapes the kernel takes: Triton's matrix products want power-of-two sides >= 16."""
+    block_size, _, head_dim = k_cache.shape[1:]
+    return (_power_of_two(block_size) and _power_of_two(head_dim) and q.stride(-1) == 1
+            and k_cache.stride(-1) == 1)
+
+
+def paged_attention_short(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim], unit stride in head_dim
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], this step's KV in
+    v_cache: torch.Tensor,
+    group: BatchedGroup,
+    out: torch.Tensor,  # [num_tokens, num_heads, head_dim]; the group's rows are written
+) -> None:
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    query_group = num_heads // num_kv_heads
+    rows = max(16, 1 << (query_group * group.max_query_len - 1).bit_length())
+    token_index = group.token_index
+    _kernel()[(group.num_seqs, num_kv_heads)](
+        q, k_cache, v_cache, out, token_index, group.block_tables, group.query_lens,
+        group.context_lens, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        group.block_tables.stride(0), token_index.stride(0), head_dim ** -0.5,
+        QUERY_GROUP=query_group, MAX_Q=group.max_query_len, ROWS=rows,
+        BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
+        # float32 stays float32 (Triton's default for it is TF32's 10-bit mantissa)
+        PRECISION="ieee" if q.dtype == torch.float32 else None,
+    )

@@ -1,0 +1,52 @@
+"""The Triton paged-attention backend (engine/attention/triton_backend.py) against the torch
+backend: natively on CUDA, under Triton's interpreter on the CPU (a fresh process, as the
+interpreter must be chosen before triton is imported)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TEST_DEVICE
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _interpreted(*args: str) -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-m", "tests.engine.triton_attention_cases", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-4000:]
+
+
+def test_kernel_matches_the_torch_backend():
+    if TEST_DEVICE.type == "cuda":
+        from tests.engine.triton_attention_cases import compare_kernel
+
+        compare_kernel(TEST_DEVICE, torch.float32, tolerance=1e-5)
+        compare_kernel(TEST_DEVICE, torch.bfloat16, tolerance=2e-2)
+    else:
+        _interpreted("kernel")
+
+
+def test_engine_with_the_triton_backend_gives_the_torch_backends_tokens(tiny_chat_model_folder):
+    if TEST_DEVICE.type == "cuda":
+        from tests.engine.triton_attention_cases import compare_engine
+
+        compare_engine(TEST_DEVICE, str(tiny_chat_model_folder))
+    else:
+        _interpreted("engine", str(tiny_chat_model_folder))
+
+
+def test_missing_triton_is_a_one_line_error(monkeypatch):
+    from engine.attention import triton_backend
+
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton -> ImportError
+    with pytest.raises(ValueError, match="--attention-backend triton needs the triton package"):
+        triton_backend.check_available()
