@@ -80,11 +80,14 @@ class StaticStepRunner:
                    max_num_seqs=config.scheduler.max_num_seqs,
                    max_query_len=1 + (spec.num_speculative_tokens if spec.enabled else 0),
                    max_model_len=limits.max_model_len, device=device,
-                   use_graphs=not config.model.enforce_eager)
+                   use_graphs=not config.model.enforce_eager,
+                   # The Triton kernel walks each request's own blocks: the table's width costs
+                   # nothing there, so one width serves every step (fewer shapes, fewer graphs).
+                   full_width_tables=config.model.attention_backend == "triton")
 
     def __init__(self, model, kv_cache, block_size: int, scratch_block: int, max_num_seqs: int,
                  max_query_len: int, max_model_len: int, device: torch.device,
-                 use_graphs: bool):
+                 use_graphs: bool, full_width_tables: bool = False):
         self.model, self.kv_cache, self.device = model, kv_cache, device
         self.block_size = block_size
         self.scratch_slot = scratch_block * block_size
@@ -92,6 +95,7 @@ class StaticStepRunner:
         self.max_seqs = self.buckets[-1]
         self.max_query_len = max_query_len
         self.max_blocks = -(-max_model_len // block_size)
+        self.full_width_tables = full_width_tables
         self.use_graphs = use_graphs and device.type == "cuda"
         max_tokens = self.max_seqs * max_query_len
 
@@ -134,7 +138,8 @@ class StaticStepRunner:
         ends = [start + n for start, n in zip(starts, fed)]
         shape = StepShape(bucket_for(len(scheduled), self.buckets),
                           power_of_two_bucket(max(fed), self.max_query_len),
-                          power_of_two_bucket(-(-max(ends) // bs), self.max_blocks))
+                          self.max_blocks if self.full_width_tables
+                          else power_of_two_bucket(-(-max(ends) // bs), self.max_blocks))
         b, q, width = shape.num_seqs, shape.query_len, shape.width
         n_tok = b * q
         # Padding: token 0 at position 0 into the scratch slot; a padding sequence sees one key.

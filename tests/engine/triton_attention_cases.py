@@ -94,7 +94,16 @@ def compare_engine(device: torch.device, model_folder: str) -> None:
             llm = LLM(model_folder, device=str(device), dtype="float32", padded_steps=padded,
                       enforce_eager=True, speculative_method="ngram", num_speculative_tokens=3,
                       adaptive=False, attention_backend=backend)
+            widths = set()
+            if padded:
+                runner = llm.engine.static_runner
+                prepare = runner.prepare
+                runner.prepare = lambda s: widths.add((step := prepare(s)).shape.width) or step
             runs[backend] = [o.token_ids for o in llm.generate(prompts, params)]
+            if padded and backend == "triton":  # one block-table width for every step
+                assert widths == {llm.engine.static_runner.max_blocks}, widths
+            elif padded:
+                assert len(widths) > 1  # the torch backend cuts tables to the longest
         assert runs["triton"] == runs["torch"], (padded, runs)
 
 
