@@ -85,13 +85,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-sizes", default="16,64")
     parser.add_argument("--hf-modes", default="plain,pld,static")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     folder, model_name = resolve_model_folder(args.model)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     engine_options = dict(device=args.device, dtype=args.dtype, enable_prefix_caching=False,
-                          enforce_eager=args.enforce_eager, max_num_seqs=max(
+                          enforce_eager=args.enforce_eager,
+                          attention_backend=args.attention_backend, max_num_seqs=max(
                               [1] + [int(b) for b in args.batch_sizes.split(",") if b]))
     llms = {m: LLM(str(folder), speculative_method=m, **engine_options)
             for m in ("none", "ngram")}
@@ -132,7 +134,8 @@ def main(argv: list[str] | None = None) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model": model_name, "device": str(device), "dtype": args.dtype,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "enforce_eager": args.enforce_eager, "max_tokens": args.max_tokens,
+        "enforce_eager": args.enforce_eager, "attention_backend": args.attention_backend,
+        "max_tokens": args.max_tokens,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
         "batch_1": results, "batches": batches,
