@@ -60,18 +60,27 @@ def _arch(num_heads=6, num_kv_heads=2, head_dim=16) -> LlamaArchitecture:
 
 
 def test_rotary_in_place_on_views_of_one_projection(ops, monkeypatch):
+    """The fused rotation, in place on q and k as views of the fused projection, equals the torch
+    path's rotation of q and k together (pre-rolled sin)."""
     arch = _arch()
     rotary = layers.RotaryEmbedding(arch)
     positions = torch.tensor([0, 5, 6, 127])
     qkv = torch.randn(4, (6 + 2 + 2) * 16)
-    q, k, _v = qkv.clone().split([96, 32, 32], dim=-1)
-    q, k = q.view(4, 6, 16), k.view(4, 2, 16)
-    fused_q, fused_k = rotary(positions, q, k)
-    without_fused_ops(monkeypatch, layers)
-    ref_q, ref_k = qkv.split([96, 32, 32], dim=-1)[:2]
-    expected_q, expected_k = rotary(positions, ref_q.reshape(4, 6, 16), ref_k.reshape(4, 2, 16))
-    torch.testing.assert_close(fused_q, expected_q, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fused_k, expected_k, rtol=1e-5, atol=1e-5)
+    qk = qkv.clone()[:, :128].view(4, 8, 16)
+    fused_step = rotary.at(positions, torch.float32)
+    assert fused_step.fused is ops
+    fused = fused_step.rotate(qk, num_heads=6)
+    assert fused.data_ptr() == qk.data_ptr()  # in place
+    monkeypatch.setattr(layers, "cpu_ops_on", lambda device, dtype: None)
+    torch_step = rotary.at(positions, torch.float32)
+    assert torch_step.fused is None
+    expected = torch_step.rotate(qkv[:, :128].view(4, 8, 16), num_heads=6)
+    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-5)
+    # Both equal the textbook rotation of q and k apart.
+    cos, sin = rotary.cos[positions].unsqueeze(1), rotary.sin[positions].unsqueeze(1)
+    plain = qkv[:, :128].view(4, 8, 16)
+    textbook = plain * cos + layers.rotate_half(plain) * sin
+    torch.testing.assert_close(expected, textbook, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("query_lens", [[1], [1, 1, 1], [3, 1, 6], [2, 40, 1]])
