@@ -178,6 +178,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--matrix-max-tokens", type=int, default=32)
     p.add_argument("--draft-model-layers", type=int, default=6)
+    p.add_argument("--padded-steps", action="store_true",
+                   help="decode/verify steps in the padded layout CUDA graphs replay (the GPU "
+                        "default; off on CPU otherwise), so the controller prices padded rows")
     p.add_argument("--output", default=None)
     p.add_argument("--plot", default=None)
     args = p.parse_args(argv)
@@ -193,7 +196,9 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompts = {kind: [encode(tokenizer, w) for w in load_workloads(kind, args.num_prompts)]
                for kind in kinds}
-    llms = {m: LLM(args.model, enable_prefix_caching=False, **method_options(m, draft_folder))
+    layout = {"padded_steps": True} if args.padded_steps else {}
+    llms = {m: LLM(args.model, enable_prefix_caching=False, **layout,
+                   **method_options(m, draft_folder))
             for m in dict.fromkeys(["none"] + batch1_methods + matrix_methods)}
     for llm in llms.values():  # warm-up
         llm.generate(prompts[kinds[0]][0], SamplingParams(max_tokens=16, temperature=0))
@@ -204,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
         "torch_threads": torch.get_num_threads(), "machine": platform.platform(),
         "load_average": [round(v, 2) for v in os.getloadavg()],
         "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
+        "padded_steps": args.padded_steps,
         "matrix_max_tokens": args.matrix_max_tokens,
         "batch1": {}, "matrix": {},
     }
