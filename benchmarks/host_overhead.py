@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 PHASES = {  # phase -> (owner path, attribute) wrapped with a timer
     "schedule": ("engine.scheduler", "schedule"),
@@ -95,30 +96,31 @@ class PhaseTimer:
         return timed
 
 
+class KernelCount(TorchDispatchMode):
+    """aten ops that launch work, by name: views, aliases and bare allocations are left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in VIEW_OPS and not name.startswith("empty"):
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
 def ops_per_layer(llm) -> float:
     """Non-view aten ops in one decoder layer of a padded decode step, batch 1."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from engine import SamplingParams
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            if name not in VIEW_OPS and not name.startswith("empty"):
-                self.ops += 1
-            return func(*args, **(kwargs or {}))
 
     layer = llm.engine.runner.model.layers[1]
     counts, forward = [], layer.forward
 
     def counted(*args, **kwargs):
-        with Count() as count:
+        with KernelCount() as count:
             out = forward(*args, **kwargs)
-        counts.append(count.ops)
+        counts.append(sum(count.ops.values()))
         return out
     layer.forward = counted
     llm.generate(["Count the ops."], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))

@@ -28,6 +28,7 @@ from engine.sampler import compute_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.spec_decode.factory import build_speculation
+from engine.spec_decode.speculation import Speculation
 from engine.spec_decode.verifier import verify_requests
 from engine.static_runner import StaticStepRunner, uses_padded_steps
 from engine.stats import StepRecorder, request_stats
@@ -78,9 +79,10 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.limits.max_model_len)
         self.generator = torch.Generator(device=self.device)
         self.generator.seed()
-        self.proposer, self.controller = None, None
+        self.proposer, self.controller, self.speculation = None, None, None
         if config.speculative.enabled:
             self.proposer, self.controller = build_speculation(config.speculative, self)
+            self.speculation = Speculation(self.proposer, self.controller)
         self._states: dict[str, _RequestState] = {}
         self._stat_listeners: list = []
         self._recorder = StepRecorder(self.scheduler, self.block_manager)
@@ -177,11 +179,19 @@ class LLMEngine:
         plan = self.scheduler.schedule(lookahead)
         if plan.is_empty:
             return []
-        draft_probs = self._propose(plan) if self.controller is not None else {}
+        # Decode/verify steps run padded where the engine has a padded layout (drafts, set
+        # below, stay within the lookahead the layout was sized for).
+        static = self.static_runner if self.static_runner is not None \
+            and self.static_runner.fits(plan.scheduled) else None
+        draft_probs = {}
+        if self.speculation is not None:
+            padded_tokens = None if static is None \
+                else functools.partial(static.padded_tokens, len(plan.scheduled))
+            draft_probs = self.speculation.propose(plan, padded_tokens)
         started = time.perf_counter()
-        if self.static_runner is not None and self.static_runner.fits(plan.scheduled):
-            model_input = self.static_runner.prepare(plan.scheduled)
-            hidden, logits = self.static_runner.run(model_input)
+        if static is not None:
+            model_input = static.prepare(plan.scheduled)
+            hidden, logits = static.run(model_input)
         else:
             model_input = build_model_input(plan.scheduled, self.limits.block_size, self.device)
             hidden, logits = self.runner.execute(model_input)
@@ -192,22 +202,10 @@ class LLMEngine:
         emitted = [[] for _ in plan.scheduled]
         for owner, tokens in zip(owners, emitted_by_owner):
             emitted[owner] = tokens
-        if self.proposer is not None:
-            self.proposer.observe_target_step(plan.scheduled, model_input.token_row_starts,
-                                              hidden, emitted)
-        if self.controller is not None:
-            if all(s.num_new_tokens == 1 for s in plan.scheduled):
-                # Only decode/verify steps teach the cost of a verified token: a prefill chunk's
-                # tokens cost a fraction of that per token (one large GEMM), and fitted together
-                # they made drafts look ~2x cheaper than they are in a batch.
-                shape = getattr(model_input, "shape", None)  # a padded step costs its rows
-                rows = plan.num_batched_tokens if shape is None \
-                    else shape.num_seqs * shape.query_len
-                self.controller.observe_step(rows, time.perf_counter() - started)
-            for request, tokens in zip(requests, emitted_by_owner):
-                if request.draft_token_ids:
-                    self.controller.observe_verification(
-                        request, len(request.draft_token_ids), len(tokens) - 1)
+        if self.speculation is not None:
+            self.speculation.observe(plan.scheduled, model_input.token_row_starts, hidden,
+                                     emitted, model_input.num_rows,
+                                     time.perf_counter() - started)
         num_before = [r.num_output_tokens for r in requests]
         self.scheduler.update_from_output(plan, emitted)
         now = time.monotonic()
@@ -223,36 +221,6 @@ class LLMEngine:
             for listener in self._stat_listeners:
                 listener.on_step(step_stats)
         return outputs
-
-    def _propose(self, plan) -> dict[str, torch.Tensor]:
-        """Asks the controller how many drafts each decoding request gets and the proposer for
-        them. Returns the draft distributions of proposers that sample their drafts."""
-        decoding = [s for s in plan.scheduled if s.num_lookahead > 0]
-        if not decoding:
-            return {}
-        requests = [s.request for s in decoding]
-        num_other = plan.num_batched_tokens  # drafts not set yet: each request's own tokens
-        self.proposer.prepare(requests, [s.num_lookahead for s in decoding])
-        padded_tokens = None
-        if self.static_runner is not None and self.static_runner.fits(plan.scheduled):
-            padded_tokens = functools.partial(self.static_runner.padded_tokens,
-                                              len(plan.scheduled))
-        ks = self.controller.plan(requests, [s.num_lookahead for s in decoding], num_other,
-                                  padded_tokens)
-        if not any(ks):
-            return {}
-        started = time.perf_counter()
-        proposal = self.proposer.propose(requests, ks)
-        self.controller.observe_drafting(sum(len(d) for d in proposal.draft_token_ids),
-                                         getattr(self.proposer, "num_sequential_steps", 0),
-                                         time.perf_counter() - started)
-        probs = {}
-        for index, (request, drafts) in enumerate(zip(requests, proposal.draft_token_ids)):
-            request.draft_token_ids = drafts
-            if drafts and proposal.draft_probs is not None \
-                    and proposal.draft_probs[index] is not None:
-                probs[request.request_id] = proposal.draft_probs[index]
-        return probs
 
     def _emit(self, request: Request, num_before: int, row_start: int,
               logits: torch.Tensor, now: float) -> RequestOutput:

@@ -27,6 +27,11 @@ class ModelInput:
     # Per scheduled request, the row of its first fed token in the step's hidden states.
     token_row_starts: list[int]
 
+    @property
+    def num_rows(self) -> int:
+        """Rows the forward computes: every fed token, no padding."""
+        return self.input_ids.shape[0]
+
 
 def build_model_input(scheduled: Sequence[ScheduledRequest], block_size: int,
                       device: torch.device) -> ModelInput:

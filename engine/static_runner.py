@@ -62,6 +62,11 @@ class StaticStep:
     logits_row_starts: list[int]
     token_row_starts: list[int]  # per scheduled request, its first row in the padded layout
 
+    @property
+    def num_rows(self) -> int:
+        """Rows the forward computes, padding included: what the step costs."""
+        return self.shape.num_seqs * self.shape.query_len
+
 
 def uses_padded_steps(config: EngineConfig, device: torch.device) -> bool:
     """`padded_steps` as configured; by default on CUDA only (on CPU the flat batch is cheaper)."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.host_overhead import KernelCount
 from engine import SamplingParams
 from engine.static_runner import bucket_for, power_of_two_bucket
 from tests.conftest import make_llm
@@ -71,26 +71,6 @@ def test_padded_steps_give_the_flat_steps_tokens(tiny_chat_model_folder, method,
     assert manager.num_free_blocks == manager.num_blocks
 
 
-# Ops that only make a view or an alias of their input: no kernel runs.
-_VIEW_OPS = {"view", "_unsafe_view", "transpose", "t", "expand", "unsqueeze", "squeeze", "split",
-             "split_with_sizes", "slice", "select", "as_strided", "detach", "alias", "permute",
-             "_reshape_alias", "reshape", "flatten", "unflatten", "narrow"}
-
-
-class _KernelCount(TorchDispatchMode):
-    """aten ops that launch work (allocations and views excluded), by name."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name not in _VIEW_OPS and not name.startswith("empty"):
-            self.ops[name] += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("num_speculative_tokens", [0, 3])
 def test_a_padded_step_runs_few_kernels_per_layer(tiny_chat_model_folder, monkeypatch,
                                                   num_speculative_tokens):
@@ -109,7 +89,7 @@ def test_a_padded_step_runs_few_kernels_per_layer(tiny_chat_model_folder, monkey
     forward, run = layer.forward, runner.run
 
     def counted_forward(*args, **kwargs):
-        with _KernelCount() as count:
+        with KernelCount() as count:
             out = forward(*args, **kwargs)
         counts.append(count.ops)
         return out

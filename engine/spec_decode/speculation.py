@@ -1,0 +1,65 @@
+"""One engine step's speculation: plan and propose drafts before the target runs, then teach the
+proposer and the controller what the step showed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from engine.request import Request
+from engine.scheduler import ScheduledRequest, SchedulerOutput
+from engine.spec_decode.controller import SpeculationController
+from engine.spec_decode.proposer import Proposer
+
+
+class Speculation:
+    def __init__(self, proposer: Proposer, controller: SpeculationController):
+        self.proposer, self.controller = proposer, controller
+
+    def propose(self, plan: SchedulerOutput,
+                padded_tokens: Callable[[int], int] | None) -> dict[str, torch.Tensor]:
+        """Asks the controller how many drafts each decoding request gets and the proposer for
+        them; sets `request.draft_token_ids`. `padded_tokens`: the rows the step computes for a
+        draft depth, when it will run padded. Returns the draft distributions of proposers that
+        sample their drafts."""
+        decoding = [s for s in plan.scheduled if s.num_lookahead > 0]
+        if not decoding:
+            return {}
+        requests = [s.request for s in decoding]
+        max_ks = [s.num_lookahead for s in decoding]
+        self.proposer.prepare(requests, max_ks)
+        # drafts not set yet: num_batched_tokens counts each request's own tokens
+        ks = self.controller.plan(requests, max_ks, plan.num_batched_tokens, padded_tokens)
+        if not any(ks):
+            return {}
+        started = time.perf_counter()
+        proposal = self.proposer.propose(requests, ks)
+        self.controller.observe_drafting(sum(len(d) for d in proposal.draft_token_ids),
+                                         getattr(self.proposer, "num_sequential_steps", 0),
+                                         time.perf_counter() - started)
+        probs = {}
+        for index, (request, drafts) in enumerate(zip(requests, proposal.draft_token_ids)):
+            request.draft_token_ids = drafts
+            if drafts and proposal.draft_probs is not None \
+                    and proposal.draft_probs[index] is not None:
+                probs[request.request_id] = proposal.draft_probs[index]
+        return probs
+
+    def observe(self, scheduled: Sequence[ScheduledRequest], token_row_starts: list[int],
+                hidden: torch.Tensor, emitted: list[list[int]], num_rows: int,
+                seconds: float) -> None:
+        """After the target step: `emitted` per scheduled request (accepted drafts, then the
+        next token); `num_rows`, the rows the forward computed (padding included)."""
+        self.proposer.observe_target_step(scheduled, token_row_starts, hidden, emitted)
+        if all(s.num_new_tokens == 1 for s in scheduled):
+            # Only decode/verify steps teach the cost of a verified token: a prefill chunk's
+            # tokens cost a fraction of that per token (one large GEMM), and fitted together
+            # they made drafts look ~2x cheaper than they are in a batch.
+            self.controller.observe_step(num_rows, seconds)
+        for s, tokens in zip(scheduled, emitted):
+            request: Request = s.request
+            if request.draft_token_ids and tokens:
+                self.controller.observe_verification(
+                    request, len(request.draft_token_ids), len(tokens) - 1)
