@@ -79,10 +79,9 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.limits.max_model_len)
         self.generator = torch.Generator(device=self.device)
         self.generator.seed()
-        self.proposer, self.controller, self.speculation = None, None, None
+        self.speculation = None
         if config.speculative.enabled:
-            self.proposer, self.controller = build_speculation(config.speculative, self)
-            self.speculation = Speculation(self.proposer, self.controller)
+            self.speculation = Speculation(*build_speculation(config.speculative, self))
         self._states: dict[str, _RequestState] = {}
         self._stat_listeners: list = []
         self._recorder = StepRecorder(self.scheduler, self.block_manager)
@@ -91,6 +90,14 @@ class LLMEngine:
                     self.model_name, str(self.dtype).removeprefix("torch."), self.device,
                     self.limits.num_kv_blocks, self.limits.block_size,
                     self.proposer.name if self.proposer else "none")
+
+    @property
+    def proposer(self):
+        return None if self.speculation is None else self.speculation.proposer
+
+    @property
+    def controller(self):
+        return None if self.speculation is None else self.speculation.controller
 
     @property
     def kv_block_bytes(self) -> int:

@@ -83,7 +83,7 @@ def test_a_decode_step_reads_the_device_once(tiny_chat_model_folder, ops, layout
 @pytest.mark.parametrize("sampled", [False, True], ids=["one-hot-drafts", "sampled-drafts"])
 def test_a_verify_step_reads_the_device_once(tiny_chat_model_folder, sampled, ops, layout):
     engine = _engine_after_prefill(tiny_chat_model_folder, "ngram", layout)
-    engine.proposer = FixedDrafts(engine.vocab_size, sampled, engine.device)
+    engine.speculation.proposer = FixedDrafts(engine.vocab_size, sampled, engine.device)
     with count_host_syncs() as syncs:
         outputs = engine.step()
     assert engine.scheduler.spec_stats.num_draft_tokens == 3 * len(MIXED)  # drafts were verified
