@@ -74,6 +74,8 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, kv_cache, self.device)
         self.static_runner = StaticStepRunner.for_engine(
             config, loaded.model, kv_cache, self.limits, self.device) if padded else None
+        if self.static_runner is not None:
+            self.static_runner.capture_graphs()
         self.block_manager = BlockManager(self.limits.num_kv_blocks, self.limits.block_size,
                                           config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.limits.max_model_len)

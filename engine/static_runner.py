@@ -5,8 +5,10 @@ drafts when verifying) is laid out uniformly: `num_seqs` rows of `query_len` tok
 padded up to a bucket, block tables cut to a bucketed width. Inputs are written into buffers
 that live as long as the engine, so the same tensors feed every step of a shape, and on CUDA the
 whole forward for one shape is captured once as a graph and replayed: one launch instead of ~50
-kernels per layer. On CPU the same layout runs eagerly (the buffers, buckets and padding are what
-the tests see); graphs are CUDA-only and `--enforce-eager` turns them off.
+kernels per layer. Every shape a step can take is captured when the engine starts, as vLLM does,
+so no request waits for a capture while serving. On CPU the same layout runs eagerly (the
+buffers, buckets and padding are what the tests see); graphs are CUDA-only and `--enforce-eager`
+turns them off.
 
 Padding rows feed token 0 and write their KV into a scratch block past the ones the block
 manager hands out, so they never touch a request's cache; their logits are never read.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +33,10 @@ from engine.scheduler import ScheduledRequest
 logger = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+# Graphs captured at start at most (the narrowest block tables first); shapes past it, which only
+# extreme settings reach (hundreds of sequences, long contexts and deep drafts at once), are
+# captured when a step first needs them.
+MAX_STARTUP_GRAPHS = 512
 
 
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
@@ -118,6 +125,40 @@ class StaticStepRunner:
         self._graphs: dict[StepShape, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._eager_shapes: set[StepShape] = set()  # capture failed: run these eagerly
         self._graph_pool = None
+
+    def graph_shapes(self) -> list[StepShape]:
+        """Every shape `prepare` can produce: batch buckets x query lengths x table widths,
+        narrowest tables first."""
+        query_lens = sorted({power_of_two_bucket(n, self.max_query_len)
+                             for n in range(1, self.max_query_len + 1)})
+        widths = [self.max_blocks] if self.full_width_tables else sorted(
+            {power_of_two_bucket(n, self.max_blocks) for n in range(1, self.max_blocks + 1)})
+        return [StepShape(b, q, w) for w in widths for q in query_lens for b in self.buckets]
+
+    def capture_graphs(self) -> int:
+        """Captures the graphs of every shape now (at most MAX_STARTUP_GRAPHS), widest first
+        so that the smaller ones reuse its memory pool; returns how many were captured."""
+        if not self.use_graphs:
+            return 0
+        # The buffers hold a padding step: the capture's warm-up runs write the scratch block only.
+        self.input_ids.zero_()
+        self.positions.zero_()
+        self.slot_mapping.fill_(self.scratch_slot)
+        self.block_tables.zero_()
+        self.query_lens.fill_(1)
+        self.context_lens.fill_(1)
+        started = time.perf_counter()
+        for shape in reversed(self.graph_shapes()[:MAX_STARTUP_GRAPHS]):
+            if shape not in self._graphs and self._capture(shape) is None:
+                # What fails for one shape fails for all (an op that cannot be captured):
+                # serve eagerly rather than warn once per shape.
+                logger.warning("CUDA graphs are off: every step runs eagerly")
+                self.use_graphs = False
+                break
+        torch.cuda.synchronize(self.device)
+        logger.info("captured %d CUDA graphs in %.1f s", len(self._graphs),
+                    time.perf_counter() - started)
+        return len(self._graphs)
 
     def fits(self, scheduled: Sequence[ScheduledRequest]) -> bool:
         """Decode/verify steps only: each request feeds its one new token plus drafts."""

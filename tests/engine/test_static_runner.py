@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import torch
 
 from benchmarks.host_overhead import KernelCount
 from engine import SamplingParams
-from engine.static_runner import bucket_for, power_of_two_bucket
+from engine.static_runner import StaticStepRunner, StepShape, bucket_for, power_of_two_bucket
 from tests.conftest import make_llm
 from tests.engine.test_spec_decode_engine import PROMPTS
 
@@ -27,6 +28,54 @@ def test_buckets_and_widths():
     buckets = (1, 2, 4, 6)
     assert [bucket_for(n, buckets) for n in (1, 2, 3, 5, 6)] == [1, 2, 4, 6, 6]
     assert [power_of_two_bucket(n, 40) for n in (1, 2, 3, 5, 17, 33)] == [1, 2, 4, 8, 32, 40]
+
+
+def runner_without_model(**options) -> StaticStepRunner:
+    options = {"max_num_seqs": 6, "max_query_len": 6, "max_model_len": 100,
+               "use_graphs": False, **options}
+    return StaticStepRunner(None, None, block_size=16, scratch_block=10,
+                            device=torch.device("cpu"), **options)
+
+
+def test_graph_shapes_are_every_bucket_query_length_and_width():
+    shapes = runner_without_model().graph_shapes()  # 7 blocks hold 100 tokens
+    assert len(shapes) == len(set(shapes)) == 4 * 4 * 4
+    assert {s.num_seqs for s in shapes} == {1, 2, 4, 6}
+    assert {s.query_len for s in shapes} == {1, 2, 4, 6}
+    assert [s.width for s in shapes] == sorted(s.width for s in shapes)  # narrowest first
+    assert {s.width for s in shapes} == {1, 2, 4, 7}
+    # Full-width tables (the Triton backend): one width, 16 graphs.
+    full = runner_without_model(full_width_tables=True).graph_shapes()
+    assert {s.width for s in full} == {7} and len(full) == 16
+
+
+def test_startup_capture_goes_widest_first_over_padding_and_stops_at_a_failure(monkeypatch):
+    """The orchestration of `capture_graphs` (the capture itself needs CUDA: on a GPU machine
+    `test_padded_steps_give_the_flat_steps_tokens` checks that every shape was captured)."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    runner = runner_without_model()
+    runner.use_graphs = True
+    runner.slot_mapping.fill_(3)
+    runner.context_lens.fill_(50)
+    captured: list[StepShape] = []
+
+    def fake_capture(shape):
+        assert runner.slot_mapping.eq(runner.scratch_slot).all()  # padding writes scratch only
+        assert runner.context_lens.eq(1).all()
+        captured.append(shape)
+        runner._graphs[shape] = ("graph", None)
+        return runner._graphs[shape]
+
+    runner._capture = fake_capture
+    assert runner.capture_graphs() == 64
+    assert captured == runner.graph_shapes()[::-1] and runner.use_graphs
+
+    failing = runner_without_model()
+    failing.use_graphs = True
+    failing._capture = lambda shape: captured.append(shape)  # returns None: a failure
+    captured.clear()
+    assert failing.capture_graphs() == 0
+    assert len(captured) == 1 and not failing.use_graphs
 
 
 @pytest.fixture(params=["fused-cpu-ops", "torch-ops"])
@@ -56,17 +105,25 @@ def test_padded_steps_give_the_flat_steps_tokens(tiny_chat_model_folder, method,
         return hidden_states(input_ids, *args, **kwargs)
 
     runner.prepare = spy_prepare
+    captures = []
+    runner._capture = captures.append
     padded = llm.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in padded] == [o.token_ids for o in flat]
+    # Every step took a shape captured at start (on CUDA; on CPU all run eagerly).
+    assert {shape for _, shape in shapes} <= set(runner.graph_shapes())
+    assert captures == []
     # The padded path really ran, with padding, reading its persistent buffers.
     assert len(shapes) > 20
     assert any(shape.num_seqs > real for real, shape in shapes)
     if method != "none":
         assert any(shape.query_len > 1 for _, shape in shapes)
         assert sum(o.spec_stats.num_accepted_tokens for o in padded) > 0
-    model.hidden_states = spy_hidden_states
-    llm.generate(PROMPTS[:3], PARAMS[:3])
-    assert runner.input_ids.untyped_storage().data_ptr() in buffers
+    if runner.use_graphs:  # CUDA: the steps replayed graphs (captured over the buffers)
+        assert set(runner._graphs) == set(runner.graph_shapes())
+    else:
+        model.hidden_states = spy_hidden_states
+        llm.generate(PROMPTS[:3], PARAMS[:3])
+        assert runner.input_ids.untyped_storage().data_ptr() in buffers
     manager = llm.engine.block_manager
     assert manager.num_free_blocks == manager.num_blocks
 
@@ -82,7 +139,9 @@ def test_a_padded_step_runs_few_kernels_per_layer(tiny_chat_model_folder, monkey
     method = ({"speculative_method": "none"} if num_speculative_tokens == 0 else
               {"speculative_method": "layer-skip", "draft_layer_ids": (0,), "adaptive": False,
                "num_speculative_tokens": num_speculative_tokens})
-    llm = make_llm(str(tiny_chat_model_folder), padded_steps=True, max_num_seqs=4, **method)
+    # Eager: a graph replays what the eager forward dispatches, and a replay runs no Python.
+    llm = make_llm(str(tiny_chat_model_folder), padded_steps=True, max_num_seqs=4,
+                   enforce_eager=True, **method)
     layer, runner = llm.engine.runner.model.layers[1], llm.engine.static_runner
     counts: list[Counter[str]] = []
     query_lens: list[int] = []
