@@ -60,13 +60,12 @@ class LLMEngine:
         arch = loaded.model.arch
         loaded.model.set_attention_backend(config.model.attention_backend)
         self.vocab_size = arch.vocab_size
+        max_model_len = min(config.model.max_model_len or arch.max_position_embeddings,
+                            arch.max_position_embeddings)
         self.limits = EngineLimits(
             num_kv_blocks=num_kv_blocks(config, loaded.model, self.dtype, self.device,
-                                        free_at_start),
-            block_size=config.cache.block_size,
-            max_model_len=min(config.model.max_model_len or arch.max_position_embeddings,
-                              arch.max_position_embeddings),
-        )
+                                        free_at_start, max_model_len),
+            block_size=config.cache.block_size, max_model_len=max_model_len)
         padded = uses_padded_steps(config, self.device)
         # Padded steps write their padding rows' KV into one scratch block past the manager's.
         kv_cache = KVCache(arch, self.limits.num_kv_blocks + int(padded), self.limits.block_size,

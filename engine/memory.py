@@ -22,10 +22,11 @@ CPU_KV_MEMORY_BYTES = GIB
 
 
 def num_kv_blocks(config: EngineConfig, model, dtype: torch.dtype, device: torch.device,
-                  free_at_start: int | None) -> int:
+                  free_at_start: int | None, max_model_len: int) -> int:
     """KV blocks of the target model: given outright, from --kv-cache-memory, 1 GiB on CPU, or
-    on a GPU the share of --gpu-memory-utilization that the weights and a profiled largest step
-    leave. `free_at_start`: free accelerator memory before the model loaded (None on CPU)."""
+    on a GPU the share of --gpu-memory-utilization that the weights and the profiled largest
+    steps leave. `free_at_start`: free accelerator memory before the model loaded (None on
+    CPU)."""
     cache, scheduler, spec = config.cache, config.scheduler, config.speculative
     if cache.num_kv_blocks is not None:
         return cache.num_kv_blocks
@@ -36,8 +37,8 @@ def num_kv_blocks(config: EngineConfig, model, dtype: torch.dtype, device: torch
     else:
         max_k = spec.num_speculative_tokens if spec.enabled else 0
         profile_forward(model, cache.block_size, dtype, device,
-                        min(scheduler.max_num_batched_tokens, model.arch.max_position_embeddings),
-                        scheduler.max_num_seqs * (max_k + 1))
+                        scheduler.max_num_batched_tokens, scheduler.max_num_seqs * (max_k + 1),
+                        scheduler.max_num_seqs, max_k + 1, max_model_len)
         budget = gpu_kv_cache_budget(total_memory_bytes(device), free_at_start,
                                      free_at_start - free_memory_bytes(device),
                                      cache.gpu_memory_utilization)
@@ -65,7 +66,7 @@ def gpu_kv_cache_budget(total: int, free_at_start: int, used_by_us: int,
         raise ValueError(
             f"the weights and activations take {used_by_us / GIB:.2f} GiB, all of the "
             f"{allowed / GIB:.2f} GiB that --gpu-memory-utilization {utilization:g} allows; "
-            f"raise it or lower --max-num-batched-tokens")
+            f"raise it, or lower --max-num-batched-tokens, --max-num-seqs or --max-model-len")
     return budget
 
 
@@ -74,16 +75,35 @@ def _round_down(fraction: float) -> float:
 
 
 def profile_forward(model, block_size: int, dtype: torch.dtype, device: torch.device,
-                    num_tokens: int, num_logits: int) -> None:
-    """Runs the largest step the scheduler can make (a prefill of `num_tokens`, logits at
-    `num_logits` rows) over a throwaway KV cache, so that the allocator's peak includes it."""
-    num_blocks = -(-num_tokens // block_size)
-    kv_cache = KVCache(model.arch, num_blocks, block_size, dtype, device)
-    meta = build_attention_metadata([num_tokens], [num_tokens], [list(range(num_blocks))],
+                    num_tokens: int, num_logits: int, max_num_seqs: int, max_query_len: int,
+                    max_model_len: int) -> None:
+    """Runs the steps with the largest working sets the scheduler can make, so that the
+    allocator's peak includes them: a prefill chunk of `num_tokens` that ends at `max_model_len`
+    (its attention reads the whole context), then `max_num_seqs` decode/verify queries of
+    `max_query_len` tokens, each attending to `max_model_len` keys (a padded or batched step
+    reads every request's table as wide as the longest one's). Both run over a throwaway KV
+    cache of a few blocks that every block table points into, so their attention gathers and
+    scores as many keys as the real steps would, without holding their KV."""
+    num_tokens = min(num_tokens, max_model_len)
+    _profile_step(model, block_size, dtype, device, [num_tokens], [max_model_len],
+                  min(num_logits, num_tokens))
+    _profile_step(model, block_size, dtype, device, [max_query_len] * max_num_seqs,
+                  [max_model_len] * max_num_seqs, max_num_seqs * max_query_len)
+
+
+def _profile_step(model, block_size: int, dtype: torch.dtype, device: torch.device,
+                  query_lens: list[int], context_lens: list[int], num_logits: int) -> None:
+    num_cache_blocks = -(-max(query_lens) // block_size) + 1
+    kv_cache = KVCache(model.arch, num_cache_blocks, block_size, dtype, device)
+    width = -(-max(context_lens) // block_size)
+    table = [i % num_cache_blocks for i in range(width)]
+    meta = build_attention_metadata(query_lens, context_lens, [table] * len(query_lens),
                                     block_size, device)
+    num_tokens = sum(query_lens)
     ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
-    positions = torch.arange(num_tokens, device=device)
-    rows = torch.arange(num_tokens - min(num_logits, num_tokens), num_tokens, device=device)
+    positions = torch.cat([torch.arange(c - q, c, device=device)
+                           for q, c in zip(query_lens, context_lens)])
+    rows = torch.arange(num_tokens - num_logits, num_tokens, device=device)
     with torch.inference_mode():
         logits = model(ids, positions, kv_cache, meta, rows)
         # The sampler's working set: a sort and a softmax of every logits row.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.memory import GIB, gpu_kv_cache_budget
+from engine.memory import GIB, gpu_kv_cache_budget, profile_forward
+from tests.conftest import make_llm
 
 
 def test_the_kv_cache_gets_what_the_weights_and_activations_leave():
@@ -28,7 +29,7 @@ def test_a_busy_card_is_refused_with_what_to_pass():
 
 
 def test_weights_larger_than_the_share_are_refused():
-    with pytest.raises(ValueError, match="raise it or lower --max-num-batched-tokens"):
+    with pytest.raises(ValueError, match="raise it, or lower --max-num-batched-tokens"):
         gpu_kv_cache_budget(total=16 * GIB, free_at_start=16 * GIB, used_by_us=15 * GIB,
                             utilization=0.5)
 
@@ -39,6 +40,34 @@ def test_the_flag_is_validated(value):
 
     with pytest.raises(ValueError, match="--gpu-memory-utilization must be in"):
         CacheConfig(gpu_memory_utilization=value)
+
+
+def test_the_profile_runs_the_widest_prefill_and_decode_steps(tiny_chat_model_folder):
+    """What the KV cache must leave room for: a prefill chunk whose attention reads a whole
+    max_model_len context, and max_num_seqs verify queries each reading max_model_len keys (the
+    torch backend gathers them all). Both run, whatever the device, over a throwaway cache."""
+    llm = make_llm(str(tiny_chat_model_folder), speculative_method="none")
+    model, device = llm.engine.runner.model, llm.engine.device
+    steps = []
+    forward = model.forward
+
+    def spy(ids, positions, kv_cache, meta, rows):
+        steps.append((ids.numel(), positions.max().item(), meta, rows.numel(),
+                      kv_cache[0][0].shape[0]))
+        return forward(ids, positions, kv_cache, meta, rows)
+
+    model.forward = spy
+    profile_forward(model, 16, torch.float32, device, num_tokens=64, num_logits=24,
+                    max_num_seqs=6, max_query_len=4, max_model_len=200)
+    (prefill, last_prefill, prefill_meta, prefill_logits, cache_blocks), \
+        (decode, last_decode, decode_meta, decode_logits, _) = steps
+    assert (prefill, last_prefill, prefill_logits) == (64, 199, 24)
+    assert [c.context_len for c in prefill_meta.chunks] == [200]
+    assert cache_blocks < 200 // 16  # the cache is a throwaway few blocks
+    assert (decode, last_decode, decode_logits) == (24, 199, 24)
+    batched = decode_meta.batched
+    assert batched.num_seqs == 6 and batched.block_tables.shape == (6, 13)
+    assert batched.context_lens.tolist() == [200] * 6
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
