@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--hf-modes", default="plain,pld,static")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.4,
+                        help="share of the card for each of our two engines (they run side by "
+                             "side in this process, beside transformers)")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     engine_options = dict(device=args.device, dtype=args.dtype, enable_prefix_caching=False,
                           enforce_eager=args.enforce_eager,
-                          attention_backend=args.attention_backend, max_num_seqs=max(
+                          attention_backend=args.attention_backend,
+                          gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=max(
                               [1] + [int(b) for b in args.batch_sizes.split(",") if b]))
     llms = {m: LLM(str(folder), speculative_method=m, **engine_options)
             for m in ("none", "ngram")}

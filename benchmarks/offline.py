@@ -39,7 +39,9 @@ from engine.spec_decode.stats import SpecStats
 OUR_METHODS = ("none", "ngram", "layer-skip", "draft")
 HF_MODES = ("plain", "pld", "assistant")
 BASELINE = "ours/none"
-ENGINE_OPTIONS = {"dtype": "float32", "enable_prefix_caching": False}
+# kv_cache_memory_gib: the CPU's default, on any device, so that the engines side by side in
+# this process share a GPU (each would otherwise claim 0.9 of it, and the second be refused).
+ENGINE_OPTIONS = {"dtype": "float32", "enable_prefix_caching": False, "kv_cache_memory_gib": 1.0}
 
 
 @dataclass

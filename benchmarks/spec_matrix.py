@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = {kind: [encode(tokenizer, w) for w in load_workloads(kind, args.num_prompts)]
                for kind in kinds}
     layout = {"padded_steps": True} if args.padded_steps else {}
-    llms = {m: LLM(args.model, enable_prefix_caching=False, **layout,
+    # kv_cache_memory_gib: the CPU's default; on a GPU, engines side by side must share it.
+    llms = {m: LLM(args.model, enable_prefix_caching=False, kv_cache_memory_gib=1.0, **layout,
                    **method_options(m, draft_folder))
             for m in dict.fromkeys(["none"] + batch1_methods + matrix_methods)}
     for llm in llms.values():  # warm-up

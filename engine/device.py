@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -29,6 +31,14 @@ def free_memory_bytes(device: torch.device) -> int | None:
         free, _total = torch.cuda.mem_get_info(device)
         return free
     return None
+
+
+def release_cached_memory(device: torch.device) -> None:
+    """Returns to the card what this process's allocator still caches for tensors already gone
+    (an engine dropped before another is made), so that it counts as free at start."""
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def total_memory_bytes(device: torch.device) -> int | None:

@@ -17,7 +17,7 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, EngineLimits
 from engine.detokenizer import IncrementalDetokenizer
-from engine.device import free_memory_bytes, pick_device, pick_dtype
+from engine.device import free_memory_bytes, pick_device, pick_dtype, release_cached_memory
 from engine.kv_cache import KVCache, bytes_per_block
 from engine.memory import num_kv_blocks
 from engine.model_runner import ModelRunner, build_model_input
@@ -49,6 +49,7 @@ class LLMEngine:
         self.config = config
         self.device = pick_device(config.model.device)
         self.dtype = pick_dtype(config.model.dtype, self.device)
+        release_cached_memory(self.device)
         free_at_start = free_memory_bytes(self.device)
         loaded = load_model(config.model.model, self.device, self.dtype,
                             quantization=config.model.quantization)

@@ -21,14 +21,23 @@ TEST_DEVICE = torch.device(os.environ.get("SPECSERVE_TEST_DEVICE")
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+# The KV budget of every test engine, on any device: the CPU's default. On a GPU an engine
+# otherwise claims --gpu-memory-utilization (0.9) of the whole card, and a second engine in the
+# process, or a second server, is refused at start (as vLLM refuses it).
+TEST_KV_CACHE_GIB = 1.0
+
+
 def make_llm(model: str | None = None, **options):
     """An LLM on TEST_DEVICE, in float32 unless a test asks otherwise: tests compare against
     transformers' float32 results or against the engine's own non-speculative output, and
-    bfloat16 is neither exact nor batch-invariant (README, "Lossless, precisely")."""
+    bfloat16 is neither exact nor batch-invariant (README, "Lossless, precisely"). Its KV cache
+    is TEST_KV_CACHE_GIB unless the test sizes it."""
     from engine import LLM
 
     options.setdefault("device", str(TEST_DEVICE))
     options.setdefault("dtype", "float32")
+    if "gpu_memory_utilization" not in options:
+        options.setdefault("kv_cache_memory_gib", TEST_KV_CACHE_GIB)
     return LLM(model, **options)
 
 

@@ -56,6 +56,18 @@ class RunningServer:
             time.sleep(0.05)
 
 
+def engine_test_args(args: list[str]) -> list[str]:
+    """What `make_llm` gives in-process engines, as flags for a server (a test's own `args`
+    come after them and win): the test device, float32, and a fixed KV budget, so servers and
+    engines share a GPU in one test run."""
+    from tests.conftest import TEST_DEVICE, TEST_KV_CACHE_GIB
+
+    defaults = ["--device", str(TEST_DEVICE), "--dtype", "float32"]
+    if "--gpu-memory-utilization" not in args:
+        defaults += ["--kv-cache-memory", str(TEST_KV_CACHE_GIB)]
+    return defaults
+
+
 @contextmanager
 def running_server(args: list[str], model: str, env: dict[str, str] | None = None,
                    metrics_prefix: str = "specserve", log_file=None):
@@ -63,7 +75,7 @@ def running_server(args: list[str], model: str, env: dict[str, str] | None = Non
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "server", "serve", "--port", str(port), "--log-level", "warning",
-         *args],
+         *engine_test_args(args), *args],
         env={**os.environ, **(env or {})}, stderr=log_file,
     )
     base_url = f"http://127.0.0.1:{port}"

@@ -13,7 +13,8 @@ def test_gpu_benchmark_measures_every_system(tiny_chat_model_folder, tmp_path):
     output = tmp_path / "gpu.json"
     main(["--model", str(tiny_chat_model_folder), "--device", str(TEST_DEVICE),
           "--dtype", "float32", "--max-tokens", "6", "--repeats", "1", "--num-prompts", "1",
-          "--batch-sizes", "3", "--hf-modes", "plain,pld", "--output", str(output)])
+          "--batch-sizes", "3", "--hf-modes", "plain,pld", "--output", str(output),
+          "--gpu-memory-utilization", "0.02"])  # a smoke test's share (on a GPU)
     report = json.loads(output.read_text())
     assert set(report["batch_1"]) == {"ours/none", "ours/ngram", "hf/plain", "hf/pld"}
     for system, by_kind in report["batch_1"].items():

@@ -7,13 +7,14 @@ import asyncio
 import pytest
 
 from engine import AsyncEngine, EngineConfig, SamplingParams
-from tests.conftest import TEST_DEVICE
+from tests.conftest import TEST_DEVICE, TEST_KV_CACHE_GIB
 
 
 @pytest.fixture(scope="module")
 def async_engine(tiny_chat_model_folder):
     engine = AsyncEngine.from_config(EngineConfig.from_kwargs(
-        model=str(tiny_chat_model_folder), device=str(TEST_DEVICE), dtype="float32"))
+        model=str(tiny_chat_model_folder), device=str(TEST_DEVICE), dtype="float32",
+        kv_cache_memory_gib=TEST_KV_CACHE_GIB))
     yield engine
     engine.shutdown()
 

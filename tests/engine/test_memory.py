@@ -81,3 +81,18 @@ def test_the_engine_stays_within_its_share(tiny_chat_model_folder):
     llm.generate("hello", None)
     assert torch.cuda.memory_reserved() - before <= 0.3 * total
     assert llm.engine.limits.num_kv_blocks > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_an_engine_made_after_another_is_dropped_gets_the_same_share(tiny_chat_model_folder):
+    """The allocator keeps a dropped engine's memory cached; counted as taken, it would make the
+    next engine in the process be refused (0.6 + 0.6 of the card)."""
+    from engine import LLM
+
+    options = dict(device="cuda", gpu_memory_utilization=0.6, speculative_method="none",
+                   enforce_eager=True)
+    first = LLM(str(tiny_chat_model_folder), **options)
+    blocks = first.engine.limits.num_kv_blocks
+    del first
+    second = LLM(str(tiny_chat_model_folder), **options)
+    assert second.engine.limits.num_kv_blocks >= 0.9 * blocks

@@ -92,6 +92,7 @@ def compare_engine(device: torch.device, model_folder: str) -> None:
         runs = {}
         for backend in ("torch", "triton"):
             llm = LLM(model_folder, device=str(device), dtype="float32", padded_steps=padded,
+                      kv_cache_memory_gib=1.0,  # not 0.9 of a GPU for each of the four engines
                       enforce_eager=True, speculative_method="ngram", num_speculative_tokens=3,
                       adaptive=False, attention_backend=backend)
             widths = set()
