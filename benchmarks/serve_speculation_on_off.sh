@@ -8,9 +8,11 @@ set -euo pipefail
 output=${1:?usage: $0 OUTPUT.json [bench serve arguments]}
 shift
 bin=${BIN:-.venv/bin}
-"$bin/specserve" serve --port 8001 --log-level warning &
+# On a GPU the two servers share the card (0.9 each would refuse the second); ignored on CPU.
+share=(--gpu-memory-utilization "${GPU_SHARE:-0.45}")
+"$bin/specserve" serve --port 8001 --log-level warning "${share[@]}" &
 ngram=$!
-"$bin/specserve" serve --port 8002 --speculative-method none --log-level warning &
+"$bin/specserve" serve --port 8002 --speculative-method none --log-level warning "${share[@]}" &
 none=$!
 trap 'kill $ngram $none 2>/dev/null; wait' EXIT
 "$bin/python" - <<'PY'
