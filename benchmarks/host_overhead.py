@@ -110,10 +110,13 @@ class KernelCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def ops_per_layer(llm) -> float:
-    """Non-view aten ops in one decoder layer of a padded decode step, batch 1."""
-    from engine import SamplingParams
+def ops_per_layer(folder: str) -> float:
+    """Non-view aten ops in one decoder layer of a padded decode step, batch 1. Counted in an
+    eager engine: a CUDA graph replays what the eager forward dispatches, without calling it."""
+    from engine import LLM, SamplingParams
 
+    llm = LLM(folder, dtype="float32", padded_steps=True, enforce_eager=True,
+              speculative_method="none", kv_cache_memory_gib=1.0)
     layer = llm.engine.runner.model.layers[1]
     counts, forward = [], layer.forward
 
@@ -139,10 +142,12 @@ def measure(args) -> dict:
     folder = tiny_model(Path(tempfile.mkdtemp()))
     results = {}
     for layout in args.layouts:
+        # 1 GiB of KV (the CPU's default) on any device: on a GPU, engines made one after
+        # another in this process must not each claim 0.9 of the card.
         llm = LLM(folder, dtype="float32", padded_steps=layout == "padded",
                   speculative_method="none", enable_prefix_caching=False,
-                  max_num_seqs=max(args.batch_sizes))
-        per_layer = ops_per_layer(llm) if layout == "padded" else None
+                  max_num_seqs=max(args.batch_sizes), kv_cache_memory_gib=1.0)
+        per_layer = ops_per_layer(folder) if layout == "padded" else None
         timer = PhaseTimer(llm)
         for batch in args.batch_sizes:
             prompts = [f"Tell me story number {i} about a lighthouse keeper and her cat."

@@ -198,7 +198,10 @@ def main(argv: list[str] | None = None) -> dict:
                for kind in kinds}
     layout = {"padded_steps": True} if args.padded_steps else {}
     # kv_cache_memory_gib: the CPU's default; on a GPU, engines side by side must share it.
-    llms = {m: LLM(args.model, enable_prefix_caching=False, kv_cache_memory_gib=1.0, **layout,
+    # float32 (the CPU's default) on any device: bfloat16 is not batch-invariant, and the
+    # matrix reports whether every method gives `none`'s greedy tokens.
+    llms = {m: LLM(args.model, enable_prefix_caching=False, kv_cache_memory_gib=1.0,
+                   dtype="float32", **layout,
                    **method_options(m, draft_folder))
             for m in dict.fromkeys(["none"] + batch1_methods + matrix_methods)}
     for llm in llms.values():  # warm-up

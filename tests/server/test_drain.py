@@ -70,7 +70,10 @@ def server_log(tmp_path):
 def _start(model_folder, log, *extra: str):
     args = ["--model", str(model_folder), "--served-model-name", "tiny",
             "--speculative-method", "none", "--max-num-seqs", "8", "--log-level", "info",
-            "--drain-timeout", str(DRAIN_TIMEOUT_S), *extra]
+            "--drain-timeout", str(DRAIN_TIMEOUT_S),
+            # Eager steps on a GPU too: the long request must outlast the drain's deadline, and
+            # a graph-replayed tiny model could finish its LONG_TOKENS before it.
+            "--enforce-eager", *extra]
     return running_server(args, "tiny", log_file=log)
 
 
