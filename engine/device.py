@@ -62,8 +62,7 @@ def copy_to_device(tensors: list[torch.Tensor], device: torch.device) -> list[to
     kernels that read it. On CPU the tensors are returned as they are."""
     if device.type == "cpu" or not tensors:
         return list(tensors)
-    packed = torch.cat([t.reshape(-1) for t in tensors]).pin_memory()
-    packed = packed.to(device, non_blocking=True)
+    packed = _pinned(torch.cat([t.reshape(-1) for t in tensors])).to(device, non_blocking=True)
     out, offset = [], 0
     for t in tensors:
         out.append(packed[offset:offset + t.numel()].view(t.shape))
@@ -75,4 +74,11 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """One host tensor (any dtype) to `device` without making the host wait."""
     if device.type == "cpu":
         return tensor
-    return tensor.pin_memory().to(device, non_blocking=True)
+    return _pinned(tensor).to(device, non_blocking=True)
+
+
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """A host tensor in pinned memory. A tensor already on an accelerator (made under a
+    `with torch.device(...)` context, as the device-generic tests make them) stays as it is:
+    only host memory can be pinned."""
+    return tensor.pin_memory() if tensor.device.type == "cpu" else tensor

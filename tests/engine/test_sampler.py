@@ -260,3 +260,17 @@ def test_logprobs_zero_gives_chosen_only_and_none_gives_nothing():
     none = sample(logits, make_batch([SamplingParams(temperature=0)] * 2, 10))
     assert none.logprobs is None and none.top_logprobs is None and none.top_token_ids is None
     assert torch.equal(zero.token_ids, none.token_ids)
+
+
+def test_host_copies_take_tensors_already_on_the_device(device):
+    """Under this file's `with torch.device(...)`, the sampler's "host" tensors are made on the
+    device itself; copying them must not try to pin them (only host memory pins). The meta
+    device stands in for an accelerator on a CPU-only machine."""
+    from engine.device import copy_to_device, to_device
+
+    target = torch.device("meta") if device.type == "cpu" else device
+    with torch.device(target):
+        made_there = [torch.tensor([1, 2, 3]), torch.tensor([[4], [5]])]
+    moved = copy_to_device(made_there, target)
+    assert [t.shape for t in moved] == [(3,), (2, 1)] and moved[0].device.type == target.type
+    assert to_device(made_there[0], target).device.type == target.type
