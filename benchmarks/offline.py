@@ -33,6 +33,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from benchmarks.report import finish
 from benchmarks.workloads import encode, load_workloads
 from engine import LLM, SamplingParams
+from engine.memory import CPU_KV_CACHE_GIB
 from engine.models.loader import cache_dir, resolve_model_folder
 from engine.spec_decode.stats import SpecStats
 
@@ -41,7 +42,8 @@ HF_MODES = ("plain", "pld", "assistant")
 BASELINE = "ours/none"
 # kv_cache_memory_gib: the CPU's default, on any device, so that the engines side by side in
 # this process share a GPU (each would otherwise claim 0.9 of it, and the second be refused).
-ENGINE_OPTIONS = {"dtype": "float32", "enable_prefix_caching": False, "kv_cache_memory_gib": 1.0}
+ENGINE_OPTIONS = {"dtype": "float32", "enable_prefix_caching": False,
+                  "kv_cache_memory_gib": CPU_KV_CACHE_GIB}
 
 
 @dataclass

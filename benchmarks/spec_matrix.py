@@ -34,6 +34,7 @@ from transformers import AutoTokenizer
 from benchmarks.offline import build_truncated_draft
 from benchmarks.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
+from engine.memory import CPU_KV_CACHE_GIB
 from engine.models.loader import resolve_model_folder
 from engine.spec_decode.stats import SpecStats
 
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
     # kv_cache_memory_gib: the CPU's default; on a GPU, engines side by side must share it.
     # float32 (the CPU's default) on any device: bfloat16 is not batch-invariant, and the
     # matrix reports whether every method gives `none`'s greedy tokens.
-    llms = {m: LLM(args.model, enable_prefix_caching=False, kv_cache_memory_gib=1.0,
+    llms = {m: LLM(args.model, enable_prefix_caching=False, kv_cache_memory_gib=CPU_KV_CACHE_GIB,
                    dtype="float32", **layout,
                    **method_options(m, draft_folder))
             for m in dict.fromkeys(["none"] + batch1_methods + matrix_methods)}

@@ -78,7 +78,7 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _pinned(tensor: torch.Tensor) -> torch.Tensor:
-    """A host tensor in pinned memory. A tensor already on an accelerator (made under a
-    `with torch.device(...)` context, as the device-generic tests make them) stays as it is:
-    only host memory can be pinned."""
+    """A host tensor in pinned memory. A tensor already on an accelerator stays as it is (only
+    host memory pins): under `torch.set_default_device` or a `with torch.device(...)` context,
+    tensors made without a device, the steps' "host" tensors too, are made there."""
     return tensor.pin_memory() if tensor.device.type == "cpu" else tensor

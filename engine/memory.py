@@ -18,7 +18,8 @@ from engine.kv_cache import KVCache, num_blocks_for_budget
 GIB = 2**30
 # KV cache size on CPU when no budget is given (1 GiB holds ~23k tokens of SmolLM2-135M in
 # float32); on a GPU, --gpu-memory-utilization decides.
-CPU_KV_MEMORY_BYTES = GIB
+CPU_KV_CACHE_GIB = 1.0
+CPU_KV_MEMORY_BYTES = int(CPU_KV_CACHE_GIB * GIB)
 
 
 def num_kv_blocks(config: EngineConfig, model, dtype: torch.dtype, device: torch.device,

@@ -12,6 +12,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from engine.memory import CPU_KV_CACHE_GIB  # noqa: E402
+
 
 # The device engine-level tests run on: the accelerator when there is one (override with
 # SPECSERVE_TEST_DEVICE=cpu), so `make test` on a GPU machine tests the GPU path.
@@ -24,7 +26,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # The KV budget of every test engine, on any device: the CPU's default. On a GPU an engine
 # otherwise claims --gpu-memory-utilization (0.9) of the whole card, and a second engine in the
 # process, or a second server, is refused at start (as vLLM refuses it).
-TEST_KV_CACHE_GIB = 1.0
+TEST_KV_CACHE_GIB = CPU_KV_CACHE_GIB
 
 
 def make_llm(model: str | None = None, **options):

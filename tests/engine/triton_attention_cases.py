@@ -83,6 +83,7 @@ def compare_engine(device: torch.device, model_folder: str) -> None:
     """Greedy tokens with the Triton backend equal the torch backend's: plain and ngram
     speculation (verify steps of several rows), flat and padded steps."""
     from engine import LLM, SamplingParams
+    from engine.memory import CPU_KV_CACHE_GIB
 
     prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):",
                "The cat sat on the mat. The cat sat on the", "Hello"]
@@ -92,7 +93,8 @@ def compare_engine(device: torch.device, model_folder: str) -> None:
         runs = {}
         for backend in ("torch", "triton"):
             llm = LLM(model_folder, device=str(device), dtype="float32", padded_steps=padded,
-                      kv_cache_memory_gib=1.0,  # not 0.9 of a GPU for each of the four engines
+                      # the CPU's default, not 0.9 of a GPU for each of the four engines
+                      kv_cache_memory_gib=CPU_KV_CACHE_GIB,
                       enforce_eager=True, speculative_method="ngram", num_speculative_tokens=3,
                       adaptive=False, attention_backend=backend)
             widths = set()
