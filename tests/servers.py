@@ -16,6 +16,17 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 STARTUP_TIMEOUT_S = 240
 
 
+def wait_until(predicate, timeout: float, what: str, every: float = 0.05):
+    """Polls `predicate` until it returns something truthy, and returns that; fails naming `what`
+    after `timeout` seconds. Tests wait on the event itself, never on a fixed sleep that stands
+    in for it: a faster or slower machine then changes only how long the wait takes."""
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(every)
+    return result
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,14 +7,13 @@ the pod (a series, not nothing). Skipped where Prometheus is not installed."""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 import pytest
 import yaml
 
 from tests.deploy.test_kubernetes import KUBE, in_cluster_prometheus_config, one, values
-from tests.servers import prometheus_query, running_prometheus, running_server
+from tests.servers import prometheus_query, running_prometheus, running_server, wait_until
 
 POD = "specserve-7d9f-abcde"
 NAMESPACE = "default"
@@ -67,12 +66,15 @@ def _stream(base_url: str, stop: threading.Event) -> None:
                 return
 
 
+def _only_value(prometheus: str, query: str) -> float:
+    (series,) = prometheus_query(prometheus, query)
+    return float(series["value"][1])
+
+
 def test_hpa_and_keda_queries_see_the_waiting_requests(queued_server, prometheus):
     assert (KUBE / "hpa.yaml").is_file()
-    deadline = time.monotonic() + 30
-    while not prometheus_query(prometheus, adapter_query()):
-        assert time.monotonic() < deadline, "the adapter's query returned no series"
-        time.sleep(0.5)
+    wait_until(lambda: prometheus_query(prometheus, adapter_query()), 30,
+               "a series from the adapter's query", every=0.5)
     (idle,) = prometheus_query(prometheus, adapter_query())
     assert idle["metric"] == {"pod": POD} and float(idle["value"][1]) == 0.0
     (idle,) = prometheus_query(prometheus, keda_query())
@@ -86,14 +88,9 @@ def test_hpa_and_keda_queries_see_the_waiting_requests(queued_server, prometheus
     for client in clients:
         client.start()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            (adapter,) = prometheus_query(prometheus, adapter_query())
-            (keda,) = prometheus_query(prometheus, keda_query())
-            if float(adapter["value"][1]) > 0 and float(keda["value"][1]) > 0:
-                break
-            assert time.monotonic() < deadline, (adapter, keda)
-            time.sleep(0.5)
+        wait_until(lambda: all(_only_value(prometheus, query) > 0
+                               for query in (adapter_query(), keda_query())),
+                   30, "the adapter's and KEDA's queries to see waiting requests", every=0.5)
     finally:
         stop.set()
         for client in clients:

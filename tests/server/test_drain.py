@@ -17,7 +17,7 @@ import pytest
 
 from server.lifecycle import ABORT_GRACE_S
 from tests.server.conftest import assert_error
-from tests.servers import running_server
+from tests.servers import running_server, wait_until
 
 DRAIN_TIMEOUT_S = 4
 SHORT_TOKENS = 60  # finishes well inside the drain timeout
@@ -87,12 +87,6 @@ def _start_streams(base_url: str, lengths: list[int]) -> tuple[list[Stream], lis
     return streams, threads
 
 
-def _wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
 
 def test_sigterm_drains_eight_streams_and_exits_0(long_context_tiny_model, server_log):
     with _start(long_context_tiny_model, server_log) as server:
@@ -103,7 +97,7 @@ def test_sigterm_drains_eight_streams_and_exits_0(long_context_tiny_model, serve
         signalled = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
 
-        _wait_for(lambda: httpx.get(f"{url}/ready").status_code == 503)
+        wait_until(lambda: httpx.get(f"{url}/ready").status_code == 503, 10, "/ready to say 503")
         assert httpx.get(f"{url}/ready").json() == {"status": "draining"}
         health = httpx.get(f"{url}/health")  # alive: liveness must not kill a draining pod
         assert (health.status_code, health.json()) == (200, {"status": "draining"})
@@ -159,7 +153,7 @@ def test_a_second_signal_exits_at_once(long_context_tiny_model, server_log):
         url = server.base_url
         _streams, threads = _start_streams(url, [LONG_TOKENS] * 2)
         server.process.send_signal(signal.SIGTERM)
-        _wait_for(lambda: httpx.get(f"{url}/ready").status_code == 503)
+        wait_until(lambda: httpx.get(f"{url}/ready").status_code == 503, 10, "/ready to say 503")
         signalled = time.monotonic()
         server.process.send_signal(signal.SIGINT)
         returncode = server.process.wait(timeout=10)
@@ -183,7 +177,7 @@ def test_a_non_streamed_request_cut_by_the_drain_comes_back_whole(long_context_t
 
         client = threading.Thread(target=post)
         client.start()
-        _wait_for(lambda: server.metrics()["num_requests_running"] == 1)
+        wait_until(lambda: server.metrics()["num_requests_running"] == 1, 10, "one running request")
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=DRAIN_TIMEOUT_S + 3 * ABORT_GRACE_S + 10) == 0
         client.join(timeout=10)

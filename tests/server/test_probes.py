@@ -6,13 +6,12 @@ still answers. Draining's flip is in test_drain.py."""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 
 from server.lifecycle import WEDGE_ENV
 from tests.server.conftest import API_KEY, assert_error
-from tests.servers import running_server
+from tests.servers import running_server, wait_until
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -21,12 +20,6 @@ def _probe(base_url: str, path: str) -> tuple[int, dict]:
     response = httpx.get(f"{base_url}{path}", timeout=10)
     return response.status_code, response.json()
 
-
-def _wait_for(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_readiness_follows_the_admission_queue(guarded_server):
@@ -53,7 +46,7 @@ def test_readiness_follows_the_admission_queue(guarded_server):
         assert first_token[0].wait(30)
         assert _probe(url, "/ready") == (200, {"status": "ok"})  # running is not queued
         clients[1].start()
-        _wait_for(lambda: _probe(url, "/ready")[0] == 503)
+        wait_until(lambda: _probe(url, "/ready")[0] == 503, 20, "/ready to say 503")
         assert _probe(url, "/ready") == (503, {"status": "queue_full"})
         assert _probe(url, "/health") == (200, {"status": "ok"})  # busy is alive
         refused = httpx.post(f"{url}/v1/completions", headers=AUTH, timeout=10,
@@ -84,7 +77,7 @@ def test_a_wedged_engine_loop_fails_liveness(tiny_chat_model_folder):
 
         request = threading.Thread(target=send, daemon=True)
         request.start()
-        _wait_for(lambda: _probe(url, "/health")[0] == 503, timeout=20)
+        wait_until(lambda: _probe(url, "/health")[0] == 503, 20, "/health to say 503")
         assert _probe(url, "/health") == (503, {"status": "engine_stalled"})
         assert _probe(url, "/ready") == (503, {"status": "engine_stalled"})
         assert httpx.get(f"{url}/metrics", timeout=10).status_code == 200
