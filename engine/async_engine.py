@@ -1,8 +1,15 @@
 """The engine behind an event loop: a background thread runs `step()`; callers await outputs.
 
-The step loop owns the `LLMEngine` outright. Callers never touch it: they post commands (add,
-abort) to a thread-safe queue, and each request's outputs travel back through an asyncio queue
-filled with `loop.call_soon_threadsafe`, so the event loop never blocks on model work.
+The step loop owns the `LLMEngine` outright, from its construction on. Callers never touch it:
+they post commands (add, abort) to a thread-safe queue, and each request's outputs travel back
+through an asyncio queue filled with `loop.call_soon_threadsafe`, so the event loop never blocks on
+model work.
+
+The thread that steps the model also builds it (load, weight packing, memory profile). OpenMP
+gives each thread that runs parallel work its own team of workers, kept for the thread's life; two
+teams on a small machine make libgomp stop spinning at its barriers, and every step then pays a
+sleep and a wake-up per parallel region (measured: half the decode speed). One thread for all model
+work means one team, and the served step runs as fast as `LLM.generate` on the main thread.
 """
 
 from __future__ import annotations
@@ -36,8 +43,12 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine):
-        self.engine = engine
+    def __init__(self, build_engine: Callable[[], LLMEngine]):
+        """Starts the step thread, which calls `build_engine` and then steps what it returns;
+        returns once the engine is built, raising what the build raised."""
+        self.engine: LLMEngine | None = None
+        self._build_error: BaseException | None = None
+        self._built = threading.Event()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._stopped = threading.Event()
@@ -45,12 +56,17 @@ class AsyncEngine:
         # Called on the engine thread before every step: fault injection for tests (a wedged
         # loop), nothing else.
         self.before_step: Callable[[], None] | None = None
-        self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
+        self._thread = threading.Thread(target=self._build_and_run, args=(build_engine,),
+                                        name="specserve-engine", daemon=True)
         self._thread.start()
+        self._built.wait()
+        if self._build_error is not None:
+            self._thread.join()
+            raise self._build_error
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "AsyncEngine":
-        return cls(LLMEngine(config))
+        return cls(lambda: LLMEngine(config))
 
     @property
     def tokenizer(self):
@@ -107,6 +123,16 @@ class AsyncEngine:
         self._thread.join(timeout=30)
 
     # ------------------------------------------------------------ engine thread
+    def _build_and_run(self, build_engine: Callable[[], LLMEngine]) -> None:
+        try:
+            self.engine = build_engine()
+        except BaseException as error:  # handed to the constructor, which raises it
+            self._build_error = error
+            return
+        finally:
+            self._built.set()
+        self._run()
+
     def _run(self) -> None:
         while not self._stopped.is_set():
             try:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
-from engine import AsyncEngine, EngineConfig, SamplingParams
+from engine import AsyncEngine, EngineConfig, LLMEngine, SamplingParams
 from tests.conftest import TEST_DEVICE, TEST_KV_CACHE_GIB
 
 
@@ -94,3 +95,43 @@ def test_invalid_request_raises_in_the_caller(async_engine):
     with pytest.raises(ValueError, match="maximum context length"):
         asyncio.run(main())
     assert async_engine.is_running
+
+
+def test_the_thread_that_steps_the_engine_also_built_it(tiny_chat_model_folder):
+    """One thread does all model work, so the process has one OpenMP team (two halve the decode
+    speed on a small machine: see engine.async_engine). The build runs on the step thread, not
+    the caller's; every step runs there too."""
+    config = EngineConfig.from_kwargs(model=str(tiny_chat_model_folder), device=str(TEST_DEVICE),
+                                      dtype="float32", kv_cache_memory_gib=TEST_KV_CACHE_GIB)
+    build_threads, step_threads = [], []
+
+    def build():
+        build_threads.append(threading.get_ident())
+        return LLMEngine(config)
+
+    engine = AsyncEngine(build)
+    try:
+        engine.before_step = lambda: step_threads.append(threading.get_ident())
+
+        async def main():
+            async for _ in engine.generate("Hi", SamplingParams(max_tokens=3, ignore_eos=True)):
+                pass
+
+        asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert build_threads == [engine._thread.ident] != [threading.get_ident()]
+    assert step_threads and set(step_threads) == set(build_threads)
+
+
+def test_a_failed_build_raises_in_the_caller_and_leaves_no_loop():
+    def build():
+        raise ValueError("no such model")
+
+    def step_threads() -> int:
+        return sum(t.name == "specserve-engine" for t in threading.enumerate())
+
+    before = step_threads()
+    with pytest.raises(ValueError, match="no such model"):
+        AsyncEngine(build)
+    assert step_threads() == before
