@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# As `engine` does on import, before torch loads its OpenMP runtime (see engine/__init__.py).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# Before torch: `engine` chooses how OpenMP's workers wait before torch loads its runtime (see
+# engine/__init__.py), and the servers that tests start inherit the same setting, as users' do.
+import engine  # noqa: E402, F401
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
