@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATION_NAMES = ("auto", "gguf", "none")
+QUANTIZATION_NAMES = ("auto", "gguf-exact", "gguf", "none")
+# The names that keep a GGUF file in its blocks on CPU (engine/models/loader.keeps_gguf_blocks).
+GGUF_BLOCK_MODES = ("gguf-exact", "gguf")
 ATTENTION_BACKENDS = ("torch", "triton")
 
 
@@ -22,8 +24,10 @@ class ModelConfig:
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on CUDA
     device: str | None = None  # None: CUDA when available, else CPU
     max_model_len: int | None = None  # None: the model's own limit
-    # "auto": a GGUF model on CPU keeps its quantized blocks (native kernels); "gguf": insist on
-    # that; "none": dequantize to float weights.
+    # "auto": a GGUF model on CPU keeps its quantized blocks (native kernels); "gguf-exact":
+    # insist on that, with float32 activations (equal to transformers on the dequantized
+    # weights); "gguf": the same today, named for llama.cpp's integer arithmetic, which it is to
+    # become; "none": dequantize to float weights.
     quantization: str = "auto"
     # Decode/verify steps laid out in fixed padded shapes over persistent buffers
     # (engine/static_runner.py). None: on CUDA, where graphs replay them; off on CPU, where the

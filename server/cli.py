@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from benchmarks.cli import add_bench_parser, run_bench
-from engine.config import SPECULATIVE_METHODS, EngineConfig
+from engine.config import QUANTIZATION_NAMES, SPECULATIVE_METHODS, EngineConfig
 from server.context import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_ENGINE_STEP_TIMEOUT_S,
@@ -61,10 +61,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weight dtype (auto: float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if present)")
-    p.add_argument("--quantization", default="auto", choices=["auto", "gguf", "none"],
+    p.add_argument("--quantization", default="auto", choices=QUANTIZATION_NAMES,
                    help="auto: a .gguf model on CPU keeps its 4/8-bit blocks and runs on native "
-                        "kernels, other models and devices use float weights; gguf: insist on "
-                        "native blocks; none: dequantize to float weights (default: %(default)s)")
+                        "kernels, other models and devices use float weights; gguf-exact: insist "
+                        "on native blocks, float32 activations (equal to transformers on the "
+                        "dequantized weights); gguf: the same today; none: dequantize to float "
+                        "weights (default: %(default)s)")
     p.add_argument("--speculative-method", default="ngram", choices=SPECULATIVE_METHODS,
                    help="how draft tokens are proposed: none, ngram (prompt lookup), eagle (a "
                         "trained draft head on the target's features, --draft-head), draft (a "

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from engine.config import QUANTIZATION_NAMES
+from engine.cache import cache_dir
+from engine.config import GGUF_BLOCK_MODES, QUANTIZATION_NAMES
 from engine.models import gguf_native
 from engine.models.architecture import LlamaArchitecture
 from engine.models.llama import LlamaForCausalLM
@@ -63,16 +64,6 @@ def default_model_path() -> Path:
     return path
 
 
-def cache_dir() -> Path:
-    """$SPECSERVE_CACHE_DIR, else ~/.cache/specserve (a temp folder where there is no home)."""
-    if os.environ.get("SPECSERVE_CACHE_DIR"):
-        return Path(os.environ["SPECSERVE_CACHE_DIR"])
-    try:
-        return Path.home() / ".cache" / "specserve"
-    except RuntimeError:
-        return Path(tempfile.gettempdir()) / "specserve-cache"
-
-
 def locate_model(model: str | None) -> tuple[Path, str]:
     """The model's GGUF file or Hugging Face folder, and a display name; converts nothing.
     Raises ValueError with a one-line reason when it is neither."""
@@ -99,22 +90,23 @@ def resolve_model_folder(model: str | None) -> tuple[Path, str]:
 def keeps_gguf_blocks(path: Path, device: torch.device, dtype: torch.dtype,
                       quantization: str) -> bool:
     """Whether `path` loads natively in its GGUF blocks under this --quantization: auto = a GGUF
-    file on CPU in float32; gguf = insist on that (an error where it cannot be); none = never."""
+    file on CPU in float32; gguf-exact or gguf = insist on that (an error where it cannot be);
+    none = never."""
     if quantization not in QUANTIZATION_NAMES:
         raise ValueError(f"--quantization must be one of {', '.join(QUANTIZATION_NAMES)}, "
                          f"got {quantization!r}")
     is_gguf = path.is_file() and path.suffix == ".gguf"
     if quantization == "none":
         return False
-    if quantization == "gguf":
+    if quantization in GGUF_BLOCK_MODES:
         if not is_gguf:
-            raise ValueError(f"--quantization gguf needs a .gguf model, got {path}")
+            raise ValueError(f"--quantization {quantization} needs a .gguf model, got {path}")
         if device.type != "cpu":
-            raise ValueError(f"--quantization gguf runs on CPU only (its kernels are CPU "
-                             f"kernels), not on {device}; use --quantization none there")
+            raise ValueError(f"--quantization {quantization} runs on CPU only (its kernels are "
+                             f"CPU kernels), not on {device}; use --quantization none there")
         if dtype != torch.float32:
-            raise ValueError("--quantization gguf computes in float32: use --dtype float32 or "
-                             "auto")
+            raise ValueError(f"--quantization {quantization} computes in float32: use --dtype "
+                             f"float32 or auto")
         return True
     return is_gguf and device.type == "cpu" and dtype == torch.float32
 

@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from engine.cache import cache_dir
+
 logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
@@ -23,8 +25,6 @@ ISA_GENERIC, ISA_AVX2, ISA_AVX512 = 0, 1, 2
 
 
 def build_dir() -> Path:
-    from engine.models.loader import cache_dir
-
     return cache_dir() / "extensions" / EXTENSION_NAME
 
 

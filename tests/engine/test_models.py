@@ -138,15 +138,18 @@ def test_missing_weights_and_paths_are_named(tmp_path):
         load_model(str(tmp_path / "empty"), CPU, torch.float32, with_tokenizer=False)
 
 
-@pytest.mark.parametrize("quantization", ["none", "gguf"])
+@pytest.mark.parametrize("quantization", ["none", "gguf-exact", "gguf"])
 def test_default_model_gguf_matches_transformers_gguf(default_model_folder, quantization):
-    """The embedded GGUF, dequantized and cached (none) or in its native blocks (gguf), gives
-    transformers' logits."""
+    """The embedded GGUF, dequantized and cached (none) or in its native blocks (gguf-exact,
+    float32 activations; gguf, the same today), gives transformers' logits."""
     from transformers import AutoModelForCausalLM
 
     ours = load_model(None, CPU, torch.float32, quantization=quantization)
     if quantization == "none":
         assert ours.folder == default_model_folder
+    else:  # the blocks stay packed: a float copy would pass this test without the kernels
+        assert any(getattr(m, "gguf", None) is not None for m in ours.model.modules()), \
+            "no layer kept its GGUF blocks"
     hf_model = AutoModelForCausalLM.from_pretrained(default_model_folder, dtype=torch.float32)
     token_ids = ours.tokenizer("The quick brown fox jumps over")["input_ids"]
     with torch.no_grad():

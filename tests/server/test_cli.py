@@ -62,3 +62,17 @@ def test_bad_flag_values_fail_with_one_line():
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
         "specserve: error: --speculative-method draft needs --draft-model PATH")
+
+
+def test_every_quantization_name_reaches_the_engine_and_others_are_refused():
+    """`gguf-exact` (float32 activations on GGUF blocks) is a name that checks outside the
+    project use: the flag and the offline API both take it."""
+    from engine import EngineConfig
+
+    for name in ("auto", "gguf-exact", "gguf", "none"):
+        args = build_parser().parse_args(["serve", "--quantization", name])
+        assert engine_config_from_args(args).model.quantization == name
+        assert EngineConfig.from_kwargs(quantization=name).model.quantization == name
+    result = subprocess.run([sys.executable, "-m", "server", "serve", "--quantization", "gguf-x"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "gguf-exact" in result.stderr
