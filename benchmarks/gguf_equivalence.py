@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
-    llm = LLM(speculative_method="none", quantization="gguf")
+    llm = LLM(speculative_method="none", quantization="gguf-exact")
     folder, _ = resolve_model_folder(None)
     reference_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     # EOS ignored on both sides. (min_new_tokens would not do: it masks EOS's logit, so where

@@ -75,6 +75,21 @@ class PrefillChunk:
     context_len: int  # tokens of this request in the cache after this step, new ones included
     block_table: torch.Tensor  # [num_blocks] block ids covering context_len
     _mask: torch.Tensor | None = field(default=None, repr=False)
+    _short_query: tuple | None = field(default=None, repr=False)
+
+    def as_short_query(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(token_index [1, n], query_lens [1], context_lens [1], block_tables [1, blocks]): this
+        chunk as the CPU's per-row attention (cpu_ops.cpp `paged_attention_small`) takes a
+        request. Built once per step; every layer reuses it."""
+        if self._short_query is None:
+            device = self.block_table.device
+            self._short_query = (
+                torch.arange(self.token_start, self.token_start + self.num_tokens,
+                             device=device).view(1, -1),
+                torch.tensor([self.num_tokens], device=device),
+                torch.tensor([self.context_len], device=device),
+                self.block_table.view(1, -1).contiguous())
+        return self._short_query
 
     def attn_mask(self) -> torch.Tensor:
         """[num_tokens, context_len] bool: query i sits at position context_len - num_tokens + i

@@ -64,6 +64,14 @@ def paged_attention(
         else:  # only the real rows; indices from the host, so no boolean mask (a device sync)
             out.index_copy_(0, group.real_token_index, attended.index_select(0, group.real_rows))
     for chunk in meta.chunks:
+        if fused is not None:
+            # Row by row, in a fixed key order, as decode and verify rows: a position's result is
+            # then bitwise the same whichever way its prompt was cut into chunks or batched.
+            # SDPA's matrix products are not (their blocking follows the row count), and on the
+            # integer path a last-bit difference can change an activation's 8-bit rounding.
+            fused.paged_attention_small(q.contiguous(), k_cache, v_cache, *chunk.as_short_query(),
+                                        out)
+            continue
         span = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
         queries = q[span].transpose(0, 1).unsqueeze(0)  # [1, heads, n, head_dim]
         if chunk.context_len == chunk.num_tokens:

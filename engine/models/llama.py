@@ -7,6 +7,7 @@ norm and LM head: the layer-skip proposer drafts with it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -19,7 +20,9 @@ from engine.attention.torch_backend import paged_attention
 from engine.models.architecture import LlamaArchitecture
 from engine.models.layers import Linear, RMSNorm, RotaryEmbedding, RotaryStep
 from engine.quant.gguf_weight import PackedTensor
-from engine.quant.kernels import cpu_ops_for
+from engine.quant.kernels import cpu_ops_for, load_kernel
+
+logger = logging.getLogger(__name__)
 
 
 class Attention(nn.Module):
@@ -221,6 +224,21 @@ class LlamaForCausalLM(nn.Module):
                 module = modules.get(place[0])
                 if isinstance(module, Linear) and module.gguf is None:
                     module.keep_in_blocks()
+
+    def use_integer_kernels(self) -> None:
+        """GGUF projections move to int8 activations and integer dot products where their format
+        allows (engine/quant/int8.py): llama.cpp's arithmetic, --quantization gguf. Raises
+        ValueError where SPECSERVE_INT8_ISA names a variant this CPU lacks."""
+        kernel = load_kernel()
+        if kernel is not None:
+            try:
+                variant = kernel.int8_isa()
+            except RuntimeError as error:
+                raise ValueError(str(error).splitlines()[0]) from None
+            logger.info("integer GGUF kernels: %s", variant)
+        for module in self.modules():
+            if isinstance(module, Linear) and module.gguf is not None:
+                module.gguf.use_integer_kernels()
 
     def gguf_format_names(self) -> list[str]:
         return sorted({f for m in self.modules() if isinstance(m, Linear) and m.gguf

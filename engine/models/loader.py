@@ -165,6 +165,8 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
     path, name = locate_model(model)
     if keeps_gguf_blocks(path, device, dtype, quantization):
         folder, hf_config, llama, tokenizer = _load_native(path, with_tokenizer)
+        if quantization == "gguf":
+            llama.use_integer_kernels()
         logger.info("%s: GGUF blocks kept (%s), %.0f MB of packed weights", name,
                     ", ".join(llama.gguf_format_names()), llama.gguf_bytes() / 1e6)
     else:

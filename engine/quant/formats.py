@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.quant import int8
+
 
 @dataclass(frozen=True)
 class BlockFormat:
@@ -35,6 +37,12 @@ FORMATS = {f.ggml_type: f for f in (
     BlockFormat("Q6_K", 14, 256, 210),
 )}
 FORMATS_BY_NAME = {f.name: f for f in FORMATS.values()}
+# The same formats repacked in 16-row groups for the integer kernels (engine/quant/int8.py): same
+# block sizes and bytes, other ids.
+FORMATS.update({f.ggml_type: f for f in (
+    BlockFormat("Q4_1x16", int8.Q4_1X16, 32, 20),
+    BlockFormat("Q8_0x16", int8.Q8_0X16, 32, 34),
+)})
 
 # Byte offsets of each format's float16 scale fields inside a block (the rest are quantized
 # values or 6-bit scales, valid whatever their bits).
@@ -108,5 +116,7 @@ def dequantize(packed: torch.Tensor, ggml_type: int, in_features: int) -> torch.
     if packed.shape[-1] != fmt.row_bytes(in_features):
         raise ValueError(f"{fmt.name}: rows of {packed.shape[-1]} bytes cannot hold "
                          f"{in_features} weights")
+    if ggml_type in int8.ORIGINAL:
+        packed, ggml_type = int8.unpack(packed, ggml_type), int8.ORIGINAL[ggml_type]
     blocks = packed.reshape(-1, fmt.block_bytes)
     return _DEQUANTIZERS[ggml_type](blocks).reshape(packed.shape[0], in_features)

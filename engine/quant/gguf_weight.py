@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.quant import formats
+from engine.quant import formats, int8
 from engine.quant.formats import BlockFormat
 from engine.quant.kernels import load_kernel
 
@@ -79,6 +79,16 @@ class GGUFWeight:
     def format_names(self) -> list[str]:
         return [p.fmt.name for p in self.parts]
 
+    def use_integer_kernels(self) -> None:
+        """Moves every part of a format the integer kernels take (Q4_1, Q8_0, in 16-row groups) to
+        them: activations quantized to int8 blocks, as llama.cpp computes (engine/quant/int8.py).
+        The other parts keep float32 activations."""
+        for index, part in enumerate(self.parts):
+            if int8.repackable(part.fmt.ggml_type, part.rows, self.in_features):
+                int_type = int8.REPACKED[part.fmt.ggml_type]
+                self.parts[index] = _Part(int8.repack(part.packed, part.fmt.ggml_type),
+                                          formats.FORMATS[int_type], part.out_offset)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out] float32
         kernel = load_kernel()
         if kernel is not None and len(self.parts) == 1 and x.dtype == torch.float32:
@@ -91,6 +101,8 @@ class GGUFWeight:
             target = out.narrow(1, part.out_offset, part.rows)
             if kernel is not None:
                 kernel.matmul_out(x2, part.packed, part.fmt.ggml_type, target)
+            elif part.fmt.ggml_type in int8.ORIGINAL:
+                target.copy_(int8.reference_matmul(x2, part.packed, part.fmt.ggml_type))
             else:
                 weight = formats.dequantize(part.packed, part.fmt.ggml_type, self.in_features)
                 target.copy_(x2 @ weight.t())
@@ -100,9 +112,13 @@ class GGUFWeight:
         """Dequantized rows: the embedding lookup of a tied vocabulary matrix."""
         if len(self.parts) != 1:
             raise ValueError("row lookup needs a weight stored in one block format")
-        part = self.parts[0]
-        picked = part.packed.index_select(0, ids.reshape(-1))
+        part, ggml_type = self.parts[0], self.parts[0].fmt.ggml_type
+        if ggml_type in int8.ORIGINAL:  # rows are spread over their 16-row group: regroup them
+            picked = int8.unpack_rows(part.packed, ggml_type, ids)
+            ggml_type = int8.ORIGINAL[ggml_type]
+        else:
+            picked = part.packed.index_select(0, ids.reshape(-1))
         kernel = load_kernel()
         if kernel is not None:
-            return kernel.dequantize(picked, part.fmt.ggml_type, self.in_features)
-        return formats.dequantize(picked, part.fmt.ggml_type, self.in_features)
+            return kernel.dequantize(picked, ggml_type, self.in_features)
+        return formats.dequantize(picked, ggml_type, self.in_features)

@@ -146,6 +146,7 @@ struct MatmulTimer {
 void gguf_matmul_out(const torch::Tensor& x, const torch::Tensor& packed, int64_t type,
                      torch::Tensor& out, int64_t isa) {
     MatmulTimer timer;
+    if (is_int8_type(type)) return int8_matmul_out(x, packed, type, out, kAuto);
     const int64_t K = x.size(-1);
     BlockFormat format;
     check_packed(packed, type, K, &format);
@@ -273,4 +274,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return std::make_pair(g_matmul_calls.load(), g_matmul_ns.load() * 1e-9);
     }, "(calls, seconds) spent in matmul so far, process-wide");
     register_cpu_ops(m);
+    register_int8_ops(m);
 }

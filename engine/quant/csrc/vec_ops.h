@@ -22,3 +22,10 @@ void register_cpu_ops(pybind11::module& m);
 
 // gguf_cpu.cpp's single-format projection, for the fused decoder layer in cpu_ops.cpp.
 torch::Tensor gguf_matmul(const torch::Tensor& x, const torch::Tensor& packed, int64_t type);
+
+// gguf_int8.cpp: the integer path for weights repacked in 16-row groups (int8_layout.h), reached
+// through gguf_matmul_out by their type ids.
+bool is_int8_type(int64_t type);
+void int8_matmul_out(const torch::Tensor& x, const torch::Tensor& weights, int64_t type,
+                     torch::Tensor& out, int64_t isa);
+void register_int8_ops(pybind11::module& m);

@@ -1,0 +1,95 @@
+"""How closely `--quantization gguf` (int8 activations, integer dot products: llama.cpp's
+arithmetic) follows `--quantization gguf-exact` (float32 activations on the same GGUF blocks),
+teacher-forced on text no one tuned on: the bundled HumanEval prompts with their reference
+solutions, and MT-Bench questions. Per position: top-1 agreement of the two models' logits; over
+all positions: each one's perplexity.
+
+    python -m benchmarks.int8_agreement [--positions 5000] [--window 512] [--output FILE.json]
+"""
+
+from __future__ import annotations
+
+import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
+
+import argparse
+import json
+import math
+from datetime import date
+
+import torch
+
+from benchmarks.vs_llamacpp import _cpu_model
+from benchmarks.workloads import DATA, _read_jsonl
+from engine.attention.metadata import build_attention_metadata
+from engine.kv_cache import KVCache
+from engine.models.loader import load_model
+from engine.quant.kernels import load_kernel
+
+BLOCK_SIZE = 16
+CHUNK = 128  # prefill chunk: the engine's own chunked-prefill path
+
+
+def texts() -> list[str]:
+    code = [r["prompt"] + r["canonical_solution"]
+            for r in _read_jsonl(DATA / "humaneval_subset.jsonl")]
+    chat = [" ".join(r["turns"]) for r in _read_jsonl(DATA / "mt_bench_subset.jsonl")]
+    return code + chat
+
+
+def teacher_forced_logits(model, token_ids: list[int]) -> torch.Tensor:  # [T, vocab]
+    cache = KVCache(model.arch, num_blocks=len(token_ids) // BLOCK_SIZE + 2,
+                    block_size=BLOCK_SIZE, dtype=torch.float32, device=torch.device("cpu"))
+    table = list(range(cache.num_blocks))
+    logits = []
+    for start in range(0, len(token_ids), CHUNK):
+        end = min(start + CHUNK, len(token_ids))
+        meta = build_attention_metadata([end - start], [end], [table], BLOCK_SIZE,
+                                        torch.device("cpu"))
+        logits.append(model(torch.tensor(token_ids[start:end]), torch.arange(start, end), cache,
+                            meta, torch.arange(end - start)))
+    return torch.cat(logits)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--positions", type=int, default=5000, help="at least this many")
+    parser.add_argument("--window", type=int, default=512, help="most tokens per text")
+    parser.add_argument("--output")
+    args = parser.parse_args(argv)
+
+    cpu = torch.device("cpu")
+    models = {q: load_model(None, cpu, torch.float32, quantization=q)
+              for q in ("gguf-exact", "gguf")}
+    tokenizer = models["gguf"].tokenizer
+    positions = agree = 0
+    nll = {q: 0.0 for q in models}
+    for text in texts():
+        token_ids = tokenizer(text)["input_ids"][:args.window]
+        if len(token_ids) < 2:
+            continue
+        targets = torch.tensor(token_ids[1:])
+        logits = {q: teacher_forced_logits(m.model, token_ids)[:-1] for q, m in models.items()}
+        agree += int((logits["gguf"].argmax(-1) == logits["gguf-exact"].argmax(-1)).sum())
+        positions += len(targets)
+        for q, values in logits.items():
+            nll[q] += float(torch.nn.functional.cross_entropy(values, targets, reduction="sum"))
+        if positions >= args.positions:
+            break
+    perplexity = {q: round(math.exp(total / positions), 4) for q, total in nll.items()}
+    kernel = load_kernel()
+    report = {
+        "benchmark": "int8_agreement", "date": date.today().isoformat(), "cpu": _cpu_model(),
+        "int8_variant": kernel.int8_isa() if kernel is not None else "torch reference",
+        "positions": positions, "top1_agreement": round(agree / positions, 4),
+        "perplexity": perplexity,
+        "perplexity_ratio_gguf_over_exact": round(perplexity["gguf"] / perplexity["gguf-exact"], 4),
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.output:
+        with open(args.output, "w") as file:
+            file.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
