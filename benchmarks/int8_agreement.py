@@ -2,9 +2,13 @@
 arithmetic) follows `--quantization gguf-exact` (float32 activations on the same GGUF blocks),
 teacher-forced on text no one tuned on: the bundled HumanEval prompts with their reference
 solutions, and MT-Bench questions. Per position: top-1 agreement of the two models' logits; over
-all positions: each one's perplexity.
+all positions: each one's perplexity. With --llamacpp-python (the Python of a llama-cpp-python
+venv, as benchmarks/vs_llamacpp.sh builds it), llama.cpp's own logits on the same file and
+tokens too (benchmarks/llamacpp_logits.py): top-1 agreement of each of ours with it, and its
+perplexity.
 
     python -m benchmarks.int8_agreement [--positions 5000] [--window 512] [--output FILE.json]
+        [--llamacpp-python .venv-llamacpp/bin/python]
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch l
 import argparse
 import json
 import math
+import subprocess
 from datetime import date
+from pathlib import Path
 
 import torch
 
@@ -22,7 +28,7 @@ from benchmarks.vs_llamacpp import _cpu_model
 from benchmarks.workloads import DATA, _read_jsonl
 from engine.attention.metadata import build_attention_metadata
 from engine.kv_cache import KVCache
-from engine.models.loader import load_model
+from engine.models.loader import default_model_path, load_model
 from engine.quant.kernels import load_kernel
 
 BLOCK_SIZE = 16
@@ -50,38 +56,57 @@ def teacher_forced_logits(model, token_ids: list[int]) -> torch.Tensor:  # [T, v
     return torch.cat(logits)
 
 
+def llamacpp_results(python: str, texts_ids: list[list[int]]) -> list[dict]:
+    """llama.cpp's top-1 tokens and summed NLL per text (benchmarks/llamacpp_logits.py)."""
+    script = Path(__file__).with_name("llamacpp_logits.py")
+    lines = "".join(json.dumps(ids) + "\n" for ids in texts_ids)
+    done = subprocess.run([python, str(script), str(default_model_path()), "--n-ctx",
+                           str(max(map(len, texts_ids)) + 16)], input=lines, text=True,
+                          capture_output=True, check=True)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--positions", type=int, default=5000, help="at least this many")
     parser.add_argument("--window", type=int, default=512, help="most tokens per text")
     parser.add_argument("--output")
+    parser.add_argument("--llamacpp-python", help="a llama-cpp-python venv's python")
     args = parser.parse_args(argv)
 
     cpu = torch.device("cpu")
     models = {q: load_model(None, cpu, torch.float32, quantization=q)
               for q in ("gguf-exact", "gguf")}
     tokenizer = models["gguf"].tokenizer
-    positions = agree = 0
+    positions = 0
+    texts_ids, top1 = [], {q: [] for q in models}
     nll = {q: 0.0 for q in models}
     for text in texts():
         token_ids = tokenizer(text)["input_ids"][:args.window]
         if len(token_ids) < 2:
             continue
+        texts_ids.append(token_ids)
         targets = torch.tensor(token_ids[1:])
-        logits = {q: teacher_forced_logits(m.model, token_ids)[:-1] for q, m in models.items()}
-        agree += int((logits["gguf"].argmax(-1) == logits["gguf-exact"].argmax(-1)).sum())
-        positions += len(targets)
-        for q, values in logits.items():
+        for q, m in models.items():
+            values = teacher_forced_logits(m.model, token_ids)[:-1]
+            top1[q].append(values.argmax(-1))
             nll[q] += float(torch.nn.functional.cross_entropy(values, targets, reduction="sum"))
+        positions += len(targets)
         if positions >= args.positions:
             break
+    if args.llamacpp_python:
+        results = llamacpp_results(args.llamacpp_python, texts_ids)
+        top1["llama.cpp"] = [torch.tensor(r["argmax"]) for r in results]
+        nll["llama.cpp"] = sum(r["nll"] for r in results)
+    top1 = {q: torch.cat(values) for q, values in top1.items()}
     perplexity = {q: round(math.exp(total / positions), 4) for q, total in nll.items()}
+    agreement = {f"{a} vs {b}": round(float((top1[a] == top1[b]).float().mean()), 4)
+                 for i, a in enumerate(top1) for b in list(top1)[i + 1:]}
     kernel = load_kernel()
     report = {
         "benchmark": "int8_agreement", "date": date.today().isoformat(), "cpu": _cpu_model(),
         "int8_variant": kernel.int8_isa() if kernel is not None else "torch reference",
-        "positions": positions, "top1_agreement": round(agree / positions, 4),
-        "perplexity": perplexity,
+        "positions": positions, "top1_agreement": agreement, "perplexity": perplexity,
         "perplexity_ratio_gguf_over_exact": round(perplexity["gguf"] / perplexity["gguf-exact"], 4),
     }
     text = json.dumps(report, indent=2)

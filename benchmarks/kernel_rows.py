@@ -1,10 +1,12 @@
-"""The GGUF CPU kernel against torch's float32 matmul, per number of activation rows.
+"""The GGUF CPU kernels against torch's float32 matmul, per number of activation rows.
 
 For each row count, y = x W^T with W one of the default model's MLP shapes (1536 x 576) in a
 block format, cycled over enough distinct matrices that the weights come from memory as in a real
 step, against torch.mm on the same matrices dequantized to float32 (what `--quantization none`
-runs). Single thread by default: the question is the kernel's arithmetic, not the thread pool.
-Prints JSON: microseconds per call and multiply-adds per second for both.
+runs). For Q4_1 and Q8_0, also the integer kernel (--quantization gguf: int8 activations, the
+weights repacked in 16-row groups, the variant named) and its cost relative to one row. Single
+thread by default: the question is the kernel's arithmetic, not the thread pool. Prints JSON:
+microseconds per call and multiply-adds per second.
 
     python -m benchmarks.kernel_rows [--format Q4_1] [--threads 1] [--rows 1,2,4,8,16,32,64]
 """
@@ -17,7 +19,7 @@ import time
 
 import torch
 
-from engine.quant import formats
+from engine.quant import formats, int8
 from engine.quant.kernels import load_kernel
 
 def seconds_per_call(call, matrices, repeats: int) -> float:
@@ -50,7 +52,9 @@ def main() -> None:
     M, K = args.out_features, args.in_features
     packed = [formats.random_blocks(fmt, M, K, seed) for seed in range(args.matrices)]
     dense = [kernel.dequantize(w, fmt.ggml_type, K) for w in packed]
-    results = []
+    int_type = int8.REPACKED.get(fmt.ggml_type)
+    repacked = [int8.repack(w, fmt.ggml_type) for w in packed] if int_type else None
+    results, int8_one_row = [], None
     for n in (int(r) for r in args.rows.split(",")):
         x, out = torch.randn(n, K), torch.empty(n, M)
         ours = seconds_per_call(lambda w: kernel.matmul_out(x, w, fmt.ggml_type, out), packed,
@@ -64,8 +68,17 @@ def main() -> None:
             "float32_mm_gmac_per_s": round(n * M * K / theirs / 1e9, 2),
             "speedup": round(theirs / ours, 2),
         })
+        if repacked is not None:
+            integer = seconds_per_call(lambda w: kernel.matmul_out(x, w, int_type, out), repacked,
+                                       args.repeats)
+            int8_one_row = int8_one_row or integer
+            results[-1].update({"int8_us": round(integer * 1e6, 1),
+                                "int8_gmac_per_s": round(n * M * K / integer / 1e9, 2),
+                                "int8_vs_its_one_row": round(integer / int8_one_row, 2)})
     print(json.dumps({"benchmark": "kernel_rows", "format": fmt.name, "shape": [M, K],
-                      "threads": args.threads, "isa": kernel.best_isa(), "results": results},
+                      "threads": args.threads, "isa": kernel.best_isa(),
+                      "int8_variant": kernel.int8_isa() if repacked else None,
+                      "results": results},
                      indent=2))
 
 

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-REFERENCE = "llama.cpp"  # the label the ratios divide by
+REFERENCE = "llama-server"  # the label the ratios divide by: llama.cpp's own C++ server
 
 # What llama-cpp-python's server (llama_cpp/server/app.py, 0.3.x) does with concurrent requests.
 LLAMACPP_SCHEDULING = (
@@ -189,6 +189,27 @@ def _llamacpp_info(python: str) -> dict:
         return {"error": f"{type(error).__name__}: {error}"}
 
 
+def _llama_server_info(binary: str | None) -> dict:
+    if not binary:
+        return {}
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+        return {"binary": binary, "version": (done.stdout + done.stderr).strip()}
+    except (OSError, subprocess.SubprocessError) as error:
+        return {"binary": binary, "error": f"{type(error).__name__}: {error}"}
+
+
+def _int8_variant() -> str | None:
+    """The integer kernel variant our --quantization gguf/auto servers ran (engine/quant/int8)."""
+    try:
+        from engine.quant.kernels import load_kernel
+
+        kernel = load_kernel()
+        return kernel.int8_isa() if kernel is not None else "pure-torch reference"
+    except (ImportError, RuntimeError) as error:
+        return f"unknown ({error})"
+
+
 def _our_versions() -> dict:
     versions = {"python": platform.python_version()}
     for module in ("torch", "transformers"):
@@ -231,7 +252,9 @@ def finish(args: argparse.Namespace) -> None:
         "threads": args.threads,
         "servers": servers,
         "versions": {"llama.cpp": _llamacpp_info(args.llamacpp_python),
+                     "llama-server": _llama_server_info(args.llama_server),
                      "specserve": _our_versions()},
+        "specserve_int8_kernel_variant": _int8_variant(),
         "llamacpp_parallel_requests": False,
         "llamacpp_scheduling": LLAMACPP_SCHEDULING,
         "llamacpp_token_count": LLAMACPP_TOKEN_COUNT,
@@ -245,7 +268,8 @@ def finish(args: argparse.Namespace) -> None:
     }
     serve_path.write_text(json.dumps(annotate(report, extra), indent=2) + "\n")
     print("\n".join(summary_lines(report, offline)))
-    print(f"\nllama.cpp: {extra['versions']['llama.cpp']}")
+    print(f"\nllama.cpp: {extra['versions']['llama.cpp']}, {extra['versions']['llama-server']}")
+    print(f"specserve integer kernels: {extra['specserve_int8_kernel_variant']}")
     print(f"reports: {serve_path}" + (f", {args.offline}" if args.offline else ""))
 
 
@@ -265,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     end.add_argument("--serve", required=True, help="the bench serve report (rewritten)")
     end.add_argument("--offline", default=None, help="the bench offline report")
     end.add_argument("--llamacpp-python", required=True, help="python of the llama.cpp venv")
+    end.add_argument("--llama-server", default=None, help="the llama-server binary measured")
     end.add_argument("--server", action="append", help="LABEL=command line, per server")
     end.add_argument("--model-file", default=None)
     end.add_argument("--threads", type=int, default=None)

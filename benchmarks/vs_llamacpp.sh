@@ -6,8 +6,16 @@
 #   specserve-ngram         specserve serve --quantization gguf --speculative-method ngram
 #   specserve-none-float32  specserve serve --quantization none --speculative-method none
 #                           (the GGUF dequantized to float32: our path before native kernels)
-#   llama.cpp               llama-cpp-python's server (python -m llama_cpp.server), pinned
+#   llama-server            llama.cpp's own C++ server, built from the llama.cpp source that
+#                           the llama-cpp-python sdist vendors (benchmarks/build_llama_server.sh),
+#                           with as many slots (-np) as the highest concurrency level: the
+#                           reference every ratio divides by
+#   llama-server-ngram      the same with its n-gram speculation (--spec-type ngram-simple
+#                           --spec-draft-n-max 16)
+#   llama-cpp-python        llama-cpp-python's server (python -m llama_cpp.server), pinned
 #                           version, built from source with -DGGML_NATIVE=ON into .venv-llamacpp
+#   On a CPU with AMX both llama.cpp builds get -mno-amx-tile -mno-amx-int8 -mno-amx-bf16: its
+#   AMX path crashes here (SIGILL on an OpenMP worker).
 #
 # `specserve bench serve` drives all of them, taking turns on every workload and load level
 # (greedy, streamed, EOS honoured), one call per concurrency level C with max(--num-prompts, C)
@@ -16,7 +24,7 @@
 # transformers generate() on the dequantized float32 weights in one process (batch 1, greedy,
 # EOS ignored; beside it our engine on the same weights) into OUTPUT_transformers.json (.png).
 # Every server and transformers get the same thread count (--threads). The last lines printed
-# are a table of output tokens/s per server, workload and concurrency, with ratios to llama.cpp;
+# are a table of output tokens/s per server, workload and concurrency, with ratios to llama-server;
 # OUTPUT.json's "vs_llamacpp" section holds versions, command lines and the machine's load.
 #
 # llama-cpp-python's server answers ONE REQUEST AT A TIME: a global lock around each request
@@ -31,10 +39,11 @@
 #
 #   benchmarks/vs_llamacpp.sh [--output OUTPUT.json] [--model FILE.gguf] [--num-prompts 8]
 #       [--concurrency 1,16] [--workload code,copy,chat] [--max-tokens 128] [--threads 2]
-#       [--no-float32] [--no-transformers] [--offline-num-prompts 2] [--offline-repeats 2]
+#       [--no-float32] [--no-transformers] [--no-llama-server-ngram]
+#       [--offline-num-prompts 2] [--offline-repeats 2]
 #       [-- more `bench serve` arguments]
 #
-# Defaults take about 25 minutes on 2 cores (plus the one-time llama.cpp build, ~20 minutes).
+# Defaults take about 35 minutes on 2 cores (plus the one-time llama.cpp builds, ~25 minutes).
 # Run it on a quiet machine: llama.cpp's OpenMP threads spin at every barrier, and with another
 # busy process on the cores its decode went from ~15 ms to 85-3500 ms a token in trials here
 # (specserve, whose threads wait passively, slows far less): a noisy run favours specserve.
@@ -61,6 +70,7 @@ max_tokens=128
 threads=2
 float32=1
 transformers=1
+server_ngram=1
 offline_prompts=2
 offline_repeats=2
 while (($#)); do
@@ -74,6 +84,7 @@ while (($#)); do
         --threads) threads=$2; shift 2 ;;
         --no-float32) float32=0; shift ;;
         --no-transformers) transformers=0; shift ;;
+        --no-llama-server-ngram) server_ngram=0; shift ;;
         --offline-num-prompts) offline_prompts=$2; shift 2 ;;
         --offline-repeats) offline_repeats=$2; shift 2 ;;
         --) shift; break ;;
@@ -88,14 +99,18 @@ done
 offline_output=${output%.json}_transformers.json
 mkdir -p "$(dirname "$output")"
 
-# 1. llama-cpp-python, compiled from source for this CPU, in its own venv.
+# 1. llama-cpp-python, compiled from source for this CPU, in its own venv; llama-server.
+amx_off=""
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+    amx_off="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
 want_version=${llama_spec##*==}
 if ! "$llama_venv/bin/python" -c "import llama_cpp, llama_cpp.server, sys; \
         sys.exit(llama_cpp.__version__ != '$want_version')" 2>/dev/null; then
     echo "building $llama_spec into $llama_venv (compiles llama.cpp: minutes; log: $build_log)" >&2
     test -x "$llama_venv/bin/python" || python3 -m venv "$llama_venv"
     if ! CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
-            CMAKE_ARGS="-DGGML_NATIVE=ON ${CMAKE_ARGS:-}" \
+            CMAKE_ARGS="-DGGML_NATIVE=ON ${amx_off:+-DCMAKE_C_FLAGS='$amx_off' -DCMAKE_CXX_FLAGS='$amx_off'} ${CMAKE_ARGS:-}" \
             "$llama_venv/bin/pip" install --disable-pip-version-check -v "$llama_spec" \
             >"$build_log" 2>&1; then
         tail -n 30 "$build_log" >&2
@@ -104,7 +119,9 @@ if ! "$llama_venv/bin/python" -c "import llama_cpp, llama_cpp.server, sys; \
     fi
 fi
 
-# 2. The GGUF file both sides load.
+llama_server=$(LLAMACPP_SPEC=$llama_spec PIP=$bin/pip benchmarks/build_llama_server.sh | tail -n 1)
+
+# 2. The GGUF file every server loads.
 if [[ -z $model ]]; then
     model=$("$bin/python" -c \
         "from engine.models.loader import default_model_path; print(default_model_path())")
@@ -127,7 +144,7 @@ if [[ -f engine/quant/kernels.py ]] \
     echo "warning: building the GGUF kernel failed (see $logs/kernel.log); the servers" \
         "log what they fall back to" >&2
 fi
-read -r -a ports <<<"$("$bin/python" -m benchmarks.vs_llamacpp ports 4)"
+read -r -a ports <<<"$("$bin/python" -m benchmarks.vs_llamacpp ports 6)"
 labels=() urls=() health=() pids=() commands=()
 start_server() {  # LABEL PORT HEALTH_PATH COMMAND...
     local label=$1 port=$2 path=$3
@@ -155,8 +172,21 @@ if ((float32)); then
     start_server specserve-none-float32 "${ports[2]}" /health \
         "${specserve[@]}" --port "${ports[2]}" "${float_args[@]}" --speculative-method none
 fi
+slots=0
+for level in ${concurrency//,/ }; do
+    ((level > slots)) && slots=$level
+done
+llama_server_args=(-m "$model" --host 127.0.0.1 -t "$threads" -tb "$threads" -np "$slots"
+    -c $((2048 * slots)) --no-webui)
+start_server llama-server "${ports[4]}" /health \
+    "$llama_server" "${llama_server_args[@]}" --port "${ports[4]}"
+if ((server_ngram)); then
+    start_server llama-server-ngram "${ports[5]}" /health \
+        "$llama_server" "${llama_server_args[@]}" --port "${ports[5]}" \
+        --spec-type ngram-simple --spec-draft-n-max 16
+fi
 # HOST / PORT in the environment would override llama_cpp.server's own --host / --port.
-start_server llama.cpp "${ports[3]}" /v1/models \
+start_server llama-cpp-python "${ports[3]}" /v1/models \
     env -u HOST -u PORT "$llama_venv/bin/python" -m llama_cpp.server --model "$model" \
     --host 127.0.0.1 --port "${ports[3]}" --n_ctx 2048 --n_threads "$threads" \
     --n_threads_batch "$threads" --interrupt_requests false --logits_all false
@@ -202,6 +232,6 @@ for command in "${commands[@]}"; do
     server_args+=(--server "$command")
 done
 "$bin/python" -m benchmarks.vs_llamacpp finish --serve "$output" "${offline[@]}" \
-    --llamacpp-python "$llama_venv/bin/python" --model-file "$model" --threads "$threads" \
+    --llamacpp-python "$llama_venv/bin/python" --llama-server "$llama_server" --model-file "$model" --threads "$threads" \
     --load-at-start "$load_1min" \
     "${server_args[@]}" --logs "$logs"

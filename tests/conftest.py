@@ -30,6 +30,12 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 TEST_KV_CACHE_GIB = CPU_KV_CACHE_GIB
 
 
+# The quantization whose logits equal transformers' on the same weights: on CPU the GGUF blocks
+# with float32 activations (auto would take the integer kernels, llama.cpp's arithmetic, which
+# is close to the float model but not equal to it); elsewhere auto dequantizes.
+EXACT_QUANTIZATION = "gguf-exact" if TEST_DEVICE.type == "cpu" else "auto"
+
+
 def make_llm(model: str | None = None, **options):
     """An LLM on TEST_DEVICE, in float32 unless a test asks otherwise: tests compare against
     transformers' float32 results or against the engine's own non-speculative output, and

@@ -25,6 +25,7 @@ from engine.config import GGUF_BLOCK_MODES, QUANTIZATION_NAMES
 from engine.models import gguf_native
 from engine.models.architecture import LlamaArchitecture
 from engine.models.llama import LlamaForCausalLM
+from engine.quant.kernels import load_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,13 @@ def keeps_gguf_blocks(path: Path, device: torch.device, dtype: torch.dtype,
     return is_gguf and device.type == "cpu" and dtype == torch.float32
 
 
+def uses_integer_kernels(quantization: str) -> bool:
+    """Whether a model kept in GGUF blocks multiplies int8 activations (llama.cpp's arithmetic):
+    always under gguf; under auto where the C++ kernels built (the pure-torch reference of the
+    integer arithmetic is an oracle for tests, far slower than the float fallback)."""
+    return quantization == "gguf" or (quantization == "auto" and load_kernel() is not None)
+
+
 def gguf_to_folder(gguf_path: Path) -> Path:
     """Dequantizes a GGUF file into a cached Hugging Face folder (once per file version)."""
     stat = gguf_path.stat()
@@ -165,7 +173,7 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
     path, name = locate_model(model)
     if keeps_gguf_blocks(path, device, dtype, quantization):
         folder, hf_config, llama, tokenizer = _load_native(path, with_tokenizer)
-        if quantization == "gguf":
+        if uses_integer_kernels(quantization):
             llama.use_integer_kernels()
         logger.info("%s: GGUF blocks kept (%s), %.0f MB of packed weights", name,
                     ", ".join(llama.gguf_format_names()), llama.gguf_bytes() / 1e6)

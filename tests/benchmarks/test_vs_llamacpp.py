@@ -23,7 +23,7 @@ def serve_report():
     return {"benchmark": "serve", "config": {"max_tokens": 128}, "runs": [
         {"label": "specserve-none", "model": "m",
          "results": [result("code", 1, 30.0), result("code", 16, 120.0, completed=3)]},
-        {"label": "llama.cpp", "model": "m",
+        {"label": "llama-server", "model": "m",
          "results": [result("code", 1, 20.0, tokens=98), result("code", 16, 40.0)]},
     ]}
 
@@ -31,7 +31,7 @@ def serve_report():
 def test_cells_group_every_server_by_workload_and_concurrency():
     cells = throughput_cells(serve_report())
     assert list(cells) == [("code", 1), ("code", 16)]
-    assert cells[("code", 16)]["llama.cpp"]["output_throughput"] == 40.0
+    assert cells[("code", 16)]["llama-server"]["output_throughput"] == 40.0
 
 
 def test_table_shows_rates_ratios_to_llamacpp_tokens_and_failures():
@@ -52,7 +52,7 @@ def test_table_without_llamacpp_has_no_ratios():
     assert not any("x " in line for line in summary_lines(report)[2:])
 
 
-def level_report(concurrency, num_prompts, labels=("specserve-none", "llama.cpp")):
+def level_report(concurrency, num_prompts, labels=("specserve-none", "llama-server")):
     return {"benchmark": "serve", "date": "d",
             "config": {"workloads": ["code", "chat"], "concurrency": [concurrency],
                        "num_prompts": num_prompts, "max_tokens": 128},
@@ -63,7 +63,7 @@ def level_report(concurrency, num_prompts, labels=("specserve-none", "llama.cpp"
 
 def test_reports_per_load_level_merge_by_server_then_workload_then_level():
     merged = merge_reports([level_report(1, 8), level_report(16, 16)])
-    assert [run["label"] for run in merged["runs"]] == ["specserve-none", "llama.cpp"]
+    assert [run["label"] for run in merged["runs"]] == ["specserve-none", "llama-server"]
     assert [(r["kind"], r["max_concurrency"]) for r in merged["runs"][1]["results"]] == [
         ("code", 1), ("code", 16), ("chat", 1), ("chat", 16)]
     assert merged["config"]["concurrency"] == [1, 16]
@@ -73,7 +73,7 @@ def test_reports_per_load_level_merge_by_server_then_workload_then_level():
 
 def test_reports_of_different_servers_do_not_merge():
     with pytest.raises(ValueError, match="different servers"):
-        merge_reports([level_report(1, 8), level_report(16, 16, labels=("llama.cpp",))])
+        merge_reports([level_report(1, 8), level_report(16, 16, labels=("llama-server",))])
 
 
 def test_extra_section_leaves_the_serve_report_intact():

@@ -1,5 +1,6 @@
-"""The whole engine on the embedded default model: equal to transformers, batched or not, under
-preemption and with prefix caching; blocks always come back; seeds reproduce."""
+"""The whole engine on the embedded default model: equal to transformers (with float32
+activations: EXACT_QUANTIZATION), batched or not, under preemption and chunked prefill; prefix
+caching; blocks always come back; seeds reproduce."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from tests.conftest import make_llm
+from tests.conftest import EXACT_QUANTIZATION, make_llm
 
 PROMPTS = [
     "The capital of France is",
@@ -38,29 +39,34 @@ def hf_reference(default_model_folder, default_llm):
     return reference
 
 
+@pytest.fixture(scope="module")
+def exact_llm():
+    return make_llm(quantization=EXACT_QUANTIZATION)
+
+
 def _assert_all_blocks_free(llm):
     manager = llm.engine.block_manager
     assert manager.num_free_blocks == manager.num_blocks
     assert all(count == 0 for count in manager.ref_counts)
 
 
-def test_greedy_matches_transformers_one_at_a_time(default_llm, hf_reference):
+def test_greedy_matches_transformers_one_at_a_time(exact_llm, hf_reference):
     for prompt, expected in zip(PROMPTS, hf_reference):
-        (out,) = default_llm.generate(prompt, GREEDY)
+        (out,) = exact_llm.generate(prompt, GREEDY)
         assert out.token_ids == expected, prompt
-    _assert_all_blocks_free(default_llm)
+    _assert_all_blocks_free(exact_llm)
 
 
-def test_greedy_matches_transformers_in_one_batch(default_llm, hf_reference):
-    outputs = default_llm.generate(PROMPTS, GREEDY)
+def test_greedy_matches_transformers_in_one_batch(exact_llm, hf_reference):
+    outputs = exact_llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outputs] == hf_reference
     assert all(o.finish_reason in ("stop", "length") for o in outputs)
-    _assert_all_blocks_free(default_llm)
+    _assert_all_blocks_free(exact_llm)
 
 
 def test_preemption_keeps_outputs_identical(hf_reference):
     # 8 prompts of ~10 tokens + 24 new tokens each need ~16 blocks of 16 at once; give 10.
-    llm = make_llm(num_kv_blocks=10, block_size=16)
+    llm = make_llm(num_kv_blocks=10, block_size=16, quantization=EXACT_QUANTIZATION)
     outputs = llm.generate(PROMPTS, GREEDY)
     assert llm.engine.scheduler.num_preemptions > 0
     assert sum(o.num_preemptions for o in outputs) > 0
@@ -69,9 +75,17 @@ def test_preemption_keeps_outputs_identical(hf_reference):
 
 
 def test_chunked_prefill_keeps_outputs_identical(hf_reference):
-    llm = make_llm(max_num_batched_tokens=5)
+    llm = make_llm(max_num_batched_tokens=5, quantization=EXACT_QUANTIZATION)
     outputs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outputs] == hf_reference
+
+
+def test_chunked_prefill_keeps_the_integer_path_outputs_identical(default_llm):
+    """auto on CPU multiplies int8 activations: row invariant, so five-token prefill chunks give
+    the tokens of whole-prompt prefill there too."""
+    whole = default_llm.generate(PROMPTS, GREEDY)
+    chunked = make_llm(max_num_batched_tokens=5).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in chunked] == [o.token_ids for o in whole]
 
 
 def test_prefix_cache_hits_for_shared_system_prompt(default_llm):

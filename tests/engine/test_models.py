@@ -8,6 +8,7 @@ import torch
 from engine.attention.metadata import build_attention_metadata
 from engine.kv_cache import KVCache
 from engine.models.loader import load_model
+from engine.quant.kernels import load_kernel
 from tests.conftest import DEVICES, make_tiny_model
 
 CPU = torch.device("cpu")
@@ -138,22 +139,44 @@ def test_missing_weights_and_paths_are_named(tmp_path):
         load_model(str(tmp_path / "empty"), CPU, torch.float32, with_tokenizer=False)
 
 
-@pytest.mark.parametrize("quantization", ["none", "gguf-exact", "gguf"])
-def test_default_model_gguf_matches_transformers_gguf(default_model_folder, quantization):
-    """The embedded GGUF, dequantized and cached (none) or in its native blocks (gguf-exact,
-    float32 activations; gguf, the same today), gives transformers' logits."""
+def _default_model_logits(quantization, default_model_folder):
+    """(ours, transformers') logits on one sentence; ours loaded under `quantization`."""
     from transformers import AutoModelForCausalLM
 
     ours = load_model(None, CPU, torch.float32, quantization=quantization)
+    hf_model = AutoModelForCausalLM.from_pretrained(default_model_folder, dtype=torch.float32)
+    token_ids = ours.tokenizer("The quick brown fox jumps over the lazy dog, and then")["input_ids"]
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([token_ids])).logits[0]
+    cache = KVCache(ours.model.arch, 8, 16, torch.float32, CPU)
+    got = _run_paged(ours.model, token_ids, [0, 1, 2], cache, [len(token_ids)])
+    return ours, got, expected
+
+
+@pytest.mark.parametrize("quantization", ["none", "gguf-exact"])
+def test_default_model_gguf_matches_transformers_gguf(default_model_folder, quantization):
+    """The embedded GGUF, dequantized and cached (none) or in its native blocks with float32
+    activations (gguf-exact), gives transformers' logits."""
+    ours, got, expected = _default_model_logits(quantization, default_model_folder)
     if quantization == "none":
         assert ours.folder == default_model_folder
     else:  # the blocks stay packed: a float copy would pass this test without the kernels
         assert any(getattr(m, "gguf", None) is not None for m in ours.model.modules()), \
             "no layer kept its GGUF blocks"
-    hf_model = AutoModelForCausalLM.from_pretrained(default_model_folder, dtype=torch.float32)
-    token_ids = ours.tokenizer("The quick brown fox jumps over")["input_ids"]
-    with torch.no_grad():
-        expected = hf_model(torch.tensor([token_ids])).logits[0]
-    cache = KVCache(ours.model.arch, 8, 16, torch.float32, CPU)
-    got = _run_paged(ours.model, token_ids, [0, 1, 2], cache, [len(token_ids)])
+        assert "Q4_1x16" not in ours.model.gguf_format_names()
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("quantization", ["gguf", "auto"])
+def test_the_integer_path_is_close_to_transformers_but_not_equal(default_model_folder,
+                                                                 quantization):
+    """gguf (and auto, where the kernels built) quantizes activations to int8 as llama.cpp does:
+    the logits stay close to the float ones (same top token almost everywhere) yet differ by
+    more than float32 summation order would, which tells the two paths apart."""
+    if quantization == "auto" and load_kernel() is None:
+        pytest.skip("auto takes the integer path only where the C++ kernels built")
+    ours, got, expected = _default_model_logits(quantization, default_model_folder)
+    assert {"Q4_1x16", "Q8_0x16"} <= set(ours.model.gguf_format_names())
+    assert not torch.allclose(got, expected, atol=2e-4, rtol=1e-4)
+    assert (got - expected).abs().max() < 0.1 * expected.abs().max()
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9

@@ -60,7 +60,7 @@ def _prompt_logits(model, token_ids: list[int]) -> torch.Tensor:  # [len, vocab]
 
 @pytest.mark.slow
 def test_native_model_keeps_blocks_and_matches_the_float_model():
-    native = load_model(None, CPU, torch.float32, quantization="auto")
+    native = load_model(None, CPU, torch.float32, quantization="gguf-exact")
     dense = load_model(None, CPU, torch.float32, with_tokenizer=False, quantization="none")
     linears = [m for m in native.model.modules() if isinstance(m, Linear)]
     assert all(m.gguf is not None and m.weight.numel() == 0 for m in linears)
@@ -95,5 +95,7 @@ def test_float_path_still_serves_the_gguf_file(native_llm):
     dense = LLM(quantization="none", speculative_method="none", num_kv_blocks=16, device="cpu")
     assert all(m.gguf is None for m in dense.engine.runner.model.modules()
                if isinstance(m, Linear))
+    exact = LLM(quantization="gguf-exact", speculative_method="none", num_kv_blocks=16,
+                device="cpu")
     assert dense.generate([PROMPT], greedy)[0].token_ids == \
-        native_llm.generate([PROMPT], greedy)[0].token_ids
+        exact.generate([PROMPT], greedy)[0].token_ids
