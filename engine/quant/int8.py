@@ -66,13 +66,16 @@ def unpack_rows(repacked: torch.Tensor, int_type: int, ids: torch.Tensor) -> tor
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                            torch.Tensor]:
     """x [N, K] float32 -> (q [N, K] int8, d [N, K/32], s [N, K/32] float32, sum [N, K/32] int32),
-    as the kernels' quantize_rows: d = max|x| / 127 per block, q = round_half_even(x / d)."""
+    as the kernels' quantize_rows and llama.cpp's on x86: per block q = round_half_even(x * 127 /
+    max|x|), d = max|x| / 127 and s = d * sum(q), both rounded to fp16 (as Q8_0/Q8_1 store them)."""
     blocks = x.float().reshape(x.shape[0], -1, 32)
-    scale = blocks.abs().amax(dim=-1) / 127.0
-    inverse = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+    amax = blocks.abs().amax(dim=-1)
+    inverse = torch.where(amax != 0, 127.0 / amax, torch.zeros_like(amax))
     q = torch.round(blocks * inverse.unsqueeze(-1)).to(torch.int32)
     total = q.sum(dim=-1, dtype=torch.int32)
-    return q.to(torch.int8).reshape(x.shape), scale, scale * total.float(), total
+    scale = amax / 127.0
+    return (q.to(torch.int8).reshape(x.shape), scale.half().float(),
+            (scale * total.float()).half().float(), total)
 
 
 def _weight_fields(repacked: torch.Tensor, int_type: int, in_features: int):

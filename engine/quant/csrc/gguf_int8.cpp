@@ -119,8 +119,10 @@ QuantizedRows quantize_rows(const torch::Tensor& x) {
             const float* values = x_ptr + n * x_stride + b * 32;
             float amax = 0.0f;
             for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(values[i]));
+            // As llama.cpp's x86 quantize_row_q8_0/q8_1: the inverse is 127 / max, and the
+            // block's scale (and Q8_1's scaled sum) are stored as fp16.
             const float scale = amax / 127.0f;
-            const float inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+            const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
             int32_t total = 0;
             for (int i = 0; i < 32; ++i) {
                 // nearbyint rounds half to even in the default rounding mode, as torch.round.
@@ -128,9 +130,9 @@ QuantizedRows quantize_rows(const torch::Tensor& x) {
                 q[n * K + b * 32 + i] = (int8_t)value;
                 total += value;
             }
-            d[n * num_blocks + b] = scale;
+            d[n * num_blocks + b] = static_cast<float>(c10::Half(scale));
             sum[n * num_blocks + b] = total;
-            s[n * num_blocks + b] = scale * (float)total;
+            s[n * num_blocks + b] = static_cast<float>(c10::Half(scale * (float)total));
         }
     return out;
 }

@@ -14,9 +14,9 @@
 //   for each block b:  p = d_w * d_x;  acc = acc + float(isum) * p
 //                      (Q4_1 only)     acc = acc + m_w * s_x
 // where isum is the exact integer sum of the block's 32 products, d_x the activation block's scale
-// and s_x = d_x * float(sum of its quants). Plain float32 multiplies and adds, never fused (this
-// file's code is compiled with -ffp-contract=off), so the torch reference (int8_reference.py)
-// computes bitwise the same.
+// and s_x its scaled sum of quants (Int8Rows). Plain float32 multiplies and adds, never fused
+// (this file's code is compiled with -ffp-contract=off), so the torch reference
+// (engine/quant/int8.py) computes bitwise the same.
 #pragma once
 
 #include <cstdint>
@@ -28,12 +28,13 @@ constexpr int64_t kQ8_0GroupBlockBytes = 16 * 34;
 constexpr int64_t kQ4_1QsOffset = 64;
 constexpr int64_t kQ8_0QsOffset = 32;
 
-// Activation rows [N, K] quantized per 32-value block: q = round_half_even(x / d_x) with
-// d_x = max|x| / 127 (q = 0 where the block is all zero).
+// Activation rows [N, K] quantized per 32-value block as llama.cpp does on x86:
+// q = round_half_even(x * (127 / max|x|)) (q = 0 where the block is all zero), d_x = max|x| / 127
+// and s_x = d_x * sum(q), each rounded to fp16 (the fields of GGUF's Q8_0 and Q8_1 blocks).
 struct Int8Rows {
     const int8_t* q;    // [N, K]
     int64_t K;
-    const float* d;     // [N, K / 32] d_x
-    const float* s;     // [N, K / 32] d_x * float(sum)
+    const float* d;     // [N, K / 32] d_x (an fp16 value)
+    const float* s;     // [N, K / 32] s_x (an fp16 value)
     const int32_t* sum; // [N, K / 32] sum of the block's quants
 };
