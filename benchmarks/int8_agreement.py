@@ -56,13 +56,13 @@ def teacher_forced_logits(model, token_ids: list[int]) -> torch.Tensor:  # [T, v
     return torch.cat(logits)
 
 
-def llamacpp_results(python: str, texts_ids: list[list[int]]) -> list[dict]:
+def llamacpp_results(python: str, texts_ids: list[list[int]], *options: str) -> list[dict]:
     """llama.cpp's top-1 tokens and summed NLL per text (benchmarks/llamacpp_logits.py)."""
     script = Path(__file__).with_name("llamacpp_logits.py")
     lines = "".join(json.dumps(ids) + "\n" for ids in texts_ids)
     done = subprocess.run([python, str(script), str(default_model_path()), "--n-ctx",
-                           str(max(map(len, texts_ids)) + 16)], input=lines, text=True,
-                          capture_output=True, check=True)
+                           str(max(map(len, texts_ids)) + 16), *options], input=lines,
+                          text=True, capture_output=True, check=True)
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
@@ -98,6 +98,10 @@ def main(argv: list[str] | None = None) -> None:
         results = llamacpp_results(args.llamacpp_python, texts_ids)
         top1["llama.cpp"] = [torch.tensor(r["argmax"]) for r in results]
         nll["llama.cpp"] = sum(r["nll"] for r in results)
+        # llama.cpp's default KV cache holds float16; ours float32: the same with float32 too.
+        results = llamacpp_results(args.llamacpp_python, texts_ids, "--kv-f32")
+        top1["llama.cpp-kv-f32"] = [torch.tensor(r["argmax"]) for r in results]
+        nll["llama.cpp-kv-f32"] = sum(r["nll"] for r in results)
     top1 = {q: torch.cat(values) for q, values in top1.items()}
     perplexity = {q: round(math.exp(total / positions), 4) for q, total in nll.items()}
     agreement = {f"{a} vs {b}": round(float((top1[a] == top1[b]).float().mean()), 4)

@@ -21,9 +21,12 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--n-ctx", type=int, default=1024)
+    parser.add_argument("--kv-f32", action="store_true",
+                        help="a float32 KV cache (llama.cpp's default is float16)")
     args = parser.parse_args()
+    kv_type = {"type_k": 0, "type_v": 0} if args.kv_f32 else {}  # 0: GGML_TYPE_F32
     llm = Llama(args.model, n_ctx=args.n_ctx, n_batch=512, logits_all=True,
-                n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+                n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **kv_type)
     for line in sys.stdin:
         ids = json.loads(line)
         llm.reset()

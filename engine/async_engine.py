@@ -40,6 +40,11 @@ class EngineDeadError(RuntimeError):
 class _Stream:
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue
+    # Deliver only the first output (the prompt is done) and the last: each delivery wakes the
+    # event loop, whose Python then competes with the step thread's for the GIL (vLLM's
+    # RequestOutputKind.FINAL_ONLY); the last output carries the whole text.
+    final_only: bool = False
+    delivered: bool = False
 
 
 class AsyncEngine:
@@ -85,14 +90,16 @@ class AsyncEngine:
 
     # -------------------------------------------------------------- public API
     async def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+        *, final_only: bool = False,
     ) -> AsyncIterator[RequestOutput]:
-        """Yields incremental outputs until the request finishes. Leaving the loop early (a
-        client disconnect, a cancelled task) aborts the request and frees its blocks."""
+        """Yields incremental outputs until the request finishes; with `final_only`, just the
+        first and the last (whose text, tokens and logprobs are cumulative). Leaving the loop
+        early (a client disconnect, a cancelled task) aborts the request and frees its blocks."""
         if not self.is_running:
             raise EngineDeadError("the engine loop is not running")
         request = self.engine.make_request(prompt, params, request_id or uuid.uuid4().hex)
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), final_only)
         self._streams[request.request_id] = stream
         self._commands.put(("add", request))
         finished = False
@@ -184,8 +191,13 @@ class AsyncEngine:
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, item)
+        if stream is None:
+            return
+        if stream.final_only and stream.delivered and isinstance(item, RequestOutput) \
+                and not item.finished:
+            return
+        stream.delivered = True
+        stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, item)
 
     def _fail_all(self, error: Exception) -> None:
         for request_id in self.engine.unfinished_request_ids():

@@ -113,9 +113,13 @@ class FanOut:
 
     _END = object()
 
-    def __init__(self, context: ServerContext, response_id: str, choices: list[Choice]):
+    def __init__(self, context: ServerContext, response_id: str, choices: list[Choice],
+                 final_only: bool = False):
+        """`final_only`: each choice yields its first and last outputs only (a response that is
+        not streamed needs no more, and each output costs the event loop a wake-up)."""
         context.admission.admit(self, len(choices))
         self._context = context
+        self._final_only = final_only
         self._outputs: asyncio.Queue = asyncio.Queue()
         # With prefix caching, a prompt's other choices start once its first choice has a token:
         # its prompt blocks are cached by then, so the prompt is prefilled once, not n times.
@@ -137,8 +141,9 @@ class FanOut:
         try:
             if after is not None:
                 await after.wait()
-            async for output in self._context.engine.generate(choice.prompt.token_ids,
-                                                              choice.params, request_id):
+            async for output in self._context.engine.generate(
+                    choice.prompt.token_ids, choice.params, request_id,
+                    final_only=self._final_only):
                 if waiting:
                     waiting = False
                     self._context.admission.release()
@@ -210,7 +215,7 @@ async def respond(request: Request, context: ServerContext, response, choices: l
     """Runs the choices and answers: an SSE stream of `response.events`, or, once every choice
     has finished, `response.complete` (nothing at all if the client left first). Either way the
     engine requests end with the response."""
-    fanout = FanOut(context, response.id, choices)
+    fanout = FanOut(context, response.id, choices, final_only=not stream)
     if stream:
         return EventStreamResponse(response.events(fanout), on_close=fanout.aclose)
     try:

@@ -53,6 +53,26 @@ def test_streamed_deltas_add_up_to_the_final_output(async_engine):
     assert _blocks_free(async_engine)
 
 
+def test_final_only_yields_the_first_and_the_whole_last_output(async_engine):
+    """A response that is not streamed asks for two outputs: the first (its prompt is done) and
+    the last, which carries everything the streamed outputs would have added up to."""
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
+
+    async def collect(final_only):
+        return [out async for out in async_engine.generate("Hello there", params,
+                                                           final_only=final_only)]
+
+    streamed, final_only = asyncio.run(collect(False)), asyncio.run(collect(True))
+    assert len(streamed) > 2  # negative control: every step's output, without the option
+    assert len(final_only) == 2 and not final_only[0].finished and final_only[1].finished
+    first, last = final_only
+    assert first.token_ids == streamed[0].token_ids
+    assert (last.text, last.token_ids, last.finish_reason) == \
+        (streamed[-1].text, streamed[-1].token_ids, streamed[-1].finish_reason)
+    assert last.logprobs == streamed[-1].logprobs and len(last.logprobs) == 12
+    assert _blocks_free(async_engine)
+
+
 def test_leaving_the_stream_aborts_and_frees_blocks(async_engine):
     async def main():
         stream = async_engine.generate("Tell me a long story",
