@@ -40,6 +40,7 @@ FORMATS_BY_NAME = {f.name: f for f in FORMATS.values()}
 # The same formats repacked in 16-row groups for the integer kernels (engine/quant/int8.py): same
 # block sizes and bytes, other ids.
 FORMATS.update({f.ggml_type: f for f in (
+    BlockFormat("Q4_0x16", int8.Q4_0X16, 32, 18),
     BlockFormat("Q4_1x16", int8.Q4_1X16, 32, 20),
     BlockFormat("Q8_0x16", int8.Q8_0X16, 32, 34),
 )})

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import torch
 
-Q4_1, Q8_0 = 3, 8  # GGUF type ids
-Q4_1X16, Q8_0X16 = 1003, 1008  # the same weights repacked for the integer kernels
-REPACKED = {Q4_1: Q4_1X16, Q8_0: Q8_0X16}
+Q4_0, Q4_1, Q8_0 = 2, 3, 8  # GGUF type ids
+Q4_0X16, Q4_1X16, Q8_0X16 = 1002, 1003, 1008  # the same weights repacked for the integer kernels
+REPACKED = {Q4_0: Q4_0X16, Q4_1: Q4_1X16, Q8_0: Q8_0X16}
 ORIGINAL = {v: k for k, v in REPACKED.items()}
 GROUP = 16  # weight rows per group
-_BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
-_SCALE_BYTES = {Q4_1: 4, Q8_0: 2}  # fp16 d (and m) at the start of a GGUF block
+_BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
+_SCALE_BYTES = {Q4_0: 2, Q4_1: 4, Q8_0: 2}  # fp16 d (and m) at the start of a GGUF block
 
 
 def repackable(ggml_type: int, rows: int, in_features: int) -> bool:
@@ -84,6 +84,9 @@ def _weight_fields(repacked: torch.Tensor, int_type: int, in_features: int):
     rows, num_blocks = gguf.shape[0], in_features // 32
     blocks = gguf.reshape(rows, num_blocks, -1)
     d = blocks[..., 0:2].contiguous().view(torch.float16).float().squeeze(-1)
+    if int_type == Q4_0X16:  # weights 0..15, then 16..31, each stored + 8
+        qs = blocks[..., 2:]
+        return torch.cat([qs & 0x0F, qs >> 4], dim=-1).double() - 8.0, d, None
     if int_type == Q4_1X16:
         m = blocks[..., 2:4].contiguous().view(torch.float16).float().squeeze(-1)
         qs = blocks[..., 4:]

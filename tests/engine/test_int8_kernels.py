@@ -37,7 +37,7 @@ def kernel_matmul(x, repacked, int_type, isa=-1) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("ggml_type", [int8.Q4_1, int8.Q8_0])
+@pytest.mark.parametrize("ggml_type", sorted(int8.REPACKED))
 def test_repacking_is_a_permutation_of_the_gguf_bytes(ggml_type):
     packed, repacked, int_type = weights(ggml_type)
     assert repacked.shape == packed.shape and not torch.equal(repacked, packed)
@@ -57,7 +57,7 @@ def test_activation_quantization_matches_the_reference():
 
 
 @needs_kernel
-@pytest.mark.parametrize("ggml_type", [int8.Q4_1, int8.Q8_0])
+@pytest.mark.parametrize("ggml_type", sorted(int8.REPACKED))
 @pytest.mark.parametrize("isa", VARIANTS)
 def test_every_variant_is_bitwise_the_reference_and_row_invariant(ggml_type, isa):
     _, repacked, int_type = weights(ggml_type)
@@ -72,7 +72,7 @@ def test_every_variant_is_bitwise_the_reference_and_row_invariant(ggml_type, isa
 
 
 @needs_kernel
-@pytest.mark.parametrize("ggml_type", [int8.Q4_1, int8.Q8_0])
+@pytest.mark.parametrize("ggml_type", sorted(int8.REPACKED))
 def test_the_integer_path_stays_close_to_float32_activations(ggml_type):
     packed, repacked, int_type = weights(ggml_type)
     x = activations(8)

@@ -139,7 +139,7 @@ QuantizedRows quantize_rows(const torch::Tensor& x) {
 
 }  // namespace
 
-bool is_int8_type(int64_t type) { return type == kQ4_1x16 || type == kQ8_0x16; }
+bool is_int8_type(int64_t type) { return type == kQ4_0x16 || type == kQ4_1x16 || type == kQ8_0x16; }
 
 void int8_matmul_out(const torch::Tensor& x, const torch::Tensor& weights, int64_t type,
                      torch::Tensor& out, int64_t isa) {
@@ -147,7 +147,7 @@ void int8_matmul_out(const torch::Tensor& x, const torch::Tensor& weights, int64
     TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() == 2 &&
                     x.stride(1) == 1, "x must be a CPU float32 [N, K] tensor with unit column stride");
     const int64_t N = x.size(0), K = x.size(1), M = weights.size(0);
-    const int64_t block_bytes = type == kQ4_1x16 ? 20 : 34;
+    const int64_t block_bytes = type == kQ4_0x16 ? 18 : type == kQ4_1x16 ? 20 : 34;
     TORCH_CHECK(weights.scalar_type() == torch::kUInt8 && weights.dim() == 2 && weights.is_contiguous() &&
                     M % 16 == 0 && K % 32 == 0 && weights.size(1) == K / 32 * block_bytes,
                 "repacked weights must be a contiguous uint8 [M, K / 32 * ", block_bytes,

@@ -19,14 +19,20 @@ static inline int32_t load_i32(const int8_t* p) {
     return v;
 }
 
+static inline int64_t group_block_bytes(int64_t type) {
+    return type == kQ4_0x16 ? kQ4_0GroupBlockBytes
+           : type == kQ4_1x16 ? kQ4_1GroupBlockBytes : kQ8_0GroupBlockBytes;
+}
+
 #if INT8_ISA == 0
 
 // Integer dot products of one block of 32: row `lane` of the group against activation `xq`.
-static inline int32_t isum_q4_1(const uint8_t* block, int lane, const int8_t* xq) {
+// Q4_0 and Q4_1 nibbles as stored (0..15); Q4_0's offset of 8 is taken out by the caller.
+static inline int32_t isum_q4(const uint8_t* quants, int lane, const int8_t* xq) {
     int32_t sum = 0;
     for (int c = 0; c < 4; ++c)
         for (int j = 0; j < 4; ++j) {
-            const uint8_t byte = block[kQ4_1QsOffset + 64 * c + 4 * lane + j];
+            const uint8_t byte = quants[64 * c + 4 * lane + j];
             sum += (int32_t)(byte & 0x0F) * xq[4 * c + j] + (int32_t)(byte >> 4) * xq[16 + 4 * c + j];
         }
     return sum;
@@ -42,8 +48,7 @@ static inline int32_t isum_q8_0(const uint8_t* block, int lane, const int8_t* xq
 
 static void group_rows(int64_t type, const uint8_t* group, int64_t num_blocks, const Int8Rows& x,
                        int64_t n0, int64_t rows, float* y, int64_t y_stride) {
-    const bool q4 = type == kQ4_1x16;
-    const int64_t block_bytes = q4 ? kQ4_1GroupBlockBytes : kQ8_0GroupBlockBytes;
+    const int64_t block_bytes = group_block_bytes(type);
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t n = n0 + r;
         for (int lane = 0; lane < 16; ++lane) {
@@ -54,10 +59,14 @@ static void group_rows(int64_t type, const uint8_t* group, int64_t num_blocks, c
                 const float d_w = fp16_to_float(read_u16(block + 2 * lane));
                 const float d_x = x.d[n * num_blocks + b];
                 const float product = d_w * d_x;
-                if (q4) {
+                if (type == kQ4_1x16) {
                     const float m_w = fp16_to_float(read_u16(block + 32 + 2 * lane));
-                    acc = acc + (float)isum_q4_1(block, lane, xq) * product;
+                    acc = acc + (float)isum_q4(block + kQ4_1QsOffset, lane, xq) * product;
                     acc = acc + m_w * x.s[n * num_blocks + b];
+                } else if (type == kQ4_0x16) {
+                    const int32_t isum = isum_q4(block + kQ4_0QsOffset, lane, xq) -
+                                         8 * x.sum[n * num_blocks + b];
+                    acc = acc + (float)isum * product;
                 } else {
                     acc = acc + (float)isum_q8_0(block, lane, xq) * product;
                 }
@@ -76,8 +85,9 @@ static inline __m256i dot4_u8s8(__m256i u, __m256i s) {  // u8 x s8, 4 per i32 l
 template <int R>
 static void group_chunk(int64_t type, const uint8_t* group, int64_t num_blocks, const Int8Rows& x,
                         int64_t n0, float* y, int64_t y_stride) {
-    const bool q4 = type == kQ4_1x16;
-    const int64_t block_bytes = q4 ? kQ4_1GroupBlockBytes : kQ8_0GroupBlockBytes;
+    const bool q4 = type != kQ8_0x16, q4_1 = type == kQ4_1x16;
+    const int64_t block_bytes = group_block_bytes(type);
+    const int64_t qs_offset = q4_1 ? kQ4_1QsOffset : kQ4_0QsOffset;
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int half = 0; half < 2; ++half) {  // lanes 0-7, then 8-15
         __m256 acc[R];
@@ -86,12 +96,13 @@ static void group_chunk(int64_t type, const uint8_t* group, int64_t num_blocks, 
             const uint8_t* block = group + b * block_bytes;
             const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(block + 16 * half)));
             if (q4) {
-                const __m256 m_w =
-                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(block + 32 + 16 * half)));
+                const __m256 m_w = q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(
+                                              (const __m128i*)(block + 32 + 16 * half)))
+                                        : _mm256_setzero_ps();
                 __m256i lo[4], hi[4];
                 for (int c = 0; c < 4; ++c) {
                     const __m256i v = _mm256_loadu_si256(
-                        (const __m256i*)(block + kQ4_1QsOffset + 64 * c + 32 * half));
+                        (const __m256i*)(block + qs_offset + 64 * c + 32 * half));
                     lo[c] = _mm256_and_si256(v, low);
                     hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
                 }
@@ -103,9 +114,12 @@ static void group_chunk(int64_t type, const uint8_t* group, int64_t num_blocks, 
                         isum = _mm256_add_epi32(isum, dot4_u8s8(lo[c], _mm256_set1_epi32(load_i32(xq + 4 * c))));
                         isum = _mm256_add_epi32(isum, dot4_u8s8(hi[c], _mm256_set1_epi32(load_i32(xq + 16 + 4 * c))));
                     }
+                    if (!q4_1)  // Q4_0: the nibbles stand for q - 8
+                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * x.sum[n * num_blocks + b]));
                     const __m256 product = _mm256_mul_ps(d_w, _mm256_set1_ps(x.d[n * num_blocks + b]));
                     acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), product));
-                    acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(m_w, _mm256_set1_ps(x.s[n * num_blocks + b])));
+                    if (q4_1)
+                        acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(m_w, _mm256_set1_ps(x.s[n * num_blocks + b])));
                 }
             } else {
                 __m256i w[8], w_abs[8];
@@ -136,8 +150,9 @@ static void group_chunk(int64_t type, const uint8_t* group, int64_t num_blocks, 
 template <int R>
 static void group_chunk(int64_t type, const uint8_t* group, int64_t num_blocks, const Int8Rows& x,
                         int64_t n0, float* y, int64_t y_stride) {
-    const bool q4 = type == kQ4_1x16;
-    const int64_t block_bytes = q4 ? kQ4_1GroupBlockBytes : kQ8_0GroupBlockBytes;
+    const bool q4 = type != kQ8_0x16, q4_1 = type == kQ4_1x16;
+    const int64_t block_bytes = group_block_bytes(type);
+    const int64_t qs_offset = q4_1 ? kQ4_1QsOffset : kQ4_0QsOffset;
     const __m512i low = _mm512_set1_epi8(0x0F);
     const __m512i sign_bit = _mm512_set1_epi8((char)0x80);
     __m512 acc[R];
@@ -146,10 +161,11 @@ static void group_chunk(int64_t type, const uint8_t* group, int64_t num_blocks, 
         const uint8_t* block = group + b * block_bytes;
         const __m512 d_w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)block));
         if (q4) {
-            const __m512 m_w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(block + 32)));
+            const __m512 m_w = q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(block + 32)))
+                                    : _mm512_setzero_ps();
             __m512i lo[4], hi[4];
             for (int c = 0; c < 4; ++c) {
-                const __m512i v = _mm512_loadu_si512(block + kQ4_1QsOffset + 64 * c);
+                const __m512i v = _mm512_loadu_si512(block + qs_offset + 64 * c);
                 lo[c] = _mm512_and_si512(v, low);
                 hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
             }
@@ -162,10 +178,13 @@ static void group_chunk(int64_t type, const uint8_t* group, int64_t num_blocks, 
                     sum_lo = _mm512_dpbusd_epi32(sum_lo, lo[c], _mm512_set1_epi32(load_i32(xq + 4 * c)));
                     sum_hi = _mm512_dpbusd_epi32(sum_hi, hi[c], _mm512_set1_epi32(load_i32(xq + 16 + 4 * c)));
                 }
-                const __m512i isum = _mm512_add_epi32(sum_lo, sum_hi);
+                __m512i isum = _mm512_add_epi32(sum_lo, sum_hi);
+                if (!q4_1)  // Q4_0: the nibbles stand for q - 8
+                    isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(8 * x.sum[n * num_blocks + b]));
                 const __m512 product = _mm512_mul_ps(d_w, _mm512_set1_ps(x.d[n * num_blocks + b]));
                 acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), product));
-                acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(m_w, _mm512_set1_ps(x.s[n * num_blocks + b])));
+                if (q4_1)
+                    acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(m_w, _mm512_set1_ps(x.s[n * num_blocks + b])));
             }
         } else {
             __m512i w_biased[8];  // w + 128 as u8: vpdpbusd multiplies u8 by s8

@@ -1,12 +1,15 @@
 // The integer path's data: GGUF weights repacked in groups of 16 rows, and activation rows
-// quantized into 32-value int8 blocks, as llama.cpp pairs them (Q8_1 with Q4_1, Q8_0 with Q8_0).
+// quantized into 32-value int8 blocks, as llama.cpp pairs them (Q8_1 with Q4_1, Q8_0 with Q4_0
+// and Q8_0).
 //
 // A repacked weight keeps the GGUF tensor's shape [M, row_bytes] and byte count; only the order of
 // the bytes of each group of 16 rows (M % 16 == 0) changes. Per group, block by block:
+//   Q4_0x16 (288 bytes = 16 x 18): fp16 d[16] | 4 x 64 bytes of quants
 //   Q4_1x16 (320 bytes = 16 x 20): fp16 d[16] | fp16 m[16] | 4 x 64 bytes of quants
 //   Q8_0x16 (544 bytes = 16 x 34): fp16 d[16] | 8 x 64 bytes of quants
 // Quant vector c holds, in 4-byte lane r, row r's bytes 4c..4c+3 of the block's quants: for
-// Q4_1 weights 4c+j (low nibbles) and 16+4c+j (high nibbles), for Q8_0 weight 4c+j. One
+// Q4_0/Q4_1 weights 4c+j (low nibbles) and 16+4c+j (high nibbles), for Q8_0 weight 4c+j.
+// (A Q4_0 nibble q stands for q - 8: its integer sum is sum(q x) - 8 sum(x), exact.) One
 // multiply-add of a vector against 4 broadcast activation bytes then serves all 16 rows.
 //
 // The canonical order, per output (weight row w, activation row n), that every variant follows:
@@ -21,10 +24,14 @@
 
 #include <cstdint>
 
-constexpr int64_t kQ4_1x16 = 1003;  // not GGUF ids (those end below 100): repacked Q4_1, Q8_0
+// Not GGUF ids (those end below 100): repacked Q4_0, Q4_1, Q8_0.
+constexpr int64_t kQ4_0x16 = 1002;
+constexpr int64_t kQ4_1x16 = 1003;
 constexpr int64_t kQ8_0x16 = 1008;
+constexpr int64_t kQ4_0GroupBlockBytes = 16 * 18;
 constexpr int64_t kQ4_1GroupBlockBytes = 16 * 20;
 constexpr int64_t kQ8_0GroupBlockBytes = 16 * 34;
+constexpr int64_t kQ4_0QsOffset = 32;
 constexpr int64_t kQ4_1QsOffset = 64;
 constexpr int64_t kQ8_0QsOffset = 32;
 
