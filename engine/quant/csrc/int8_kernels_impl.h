@@ -12,12 +12,24 @@
 // 4 activation rows share each weight group's unpacked registers (the weights of a group are
 // read from memory once per call, then from L1).
 constexpr int64_t kRowChunk = 4;
+// A weight streams from L3 or memory at what one core's outstanding misses allow; asking for the
+// lines 4 KB on (the next groups) keeps more misses in flight: 1.7-2x faster over a whole step's
+// 121 calls on the Xeon (benchmarks: "Integer GGUF kernels" in the README). A hint only: it
+// never faults past the end of the weights, and it changes no result.
+constexpr int64_t kPrefetchAhead = 4096;
 
 static inline int32_t load_i32(const int8_t* p) {
     int32_t v;
     std::memcpy(&v, p, 4);
     return v;
 }
+
+#if INT8_ISA != 0
+static inline void prefetch_ahead(const uint8_t* block, int64_t block_bytes) {
+    for (int64_t line = 0; line < block_bytes; line += 64)
+        _mm_prefetch((const char*)(block + kPrefetchAhead + line), _MM_HINT_T0);
+}
+#endif
 
 static inline int64_t group_block_bytes(int64_t type) {
     return type == kQ4_0x16 ? kQ4_0GroupBlockBytes
@@ -94,6 +106,7 @@ static void group_chunk(int64_t type, const uint8_t* group, int64_t num_blocks, 
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
         for (int64_t b = 0; b < num_blocks; ++b) {
             const uint8_t* block = group + b * block_bytes;
+            if (half == 0) prefetch_ahead(block, block_bytes);
             const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(block + 16 * half)));
             if (q4) {
                 const __m256 m_w = q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(
@@ -159,6 +172,7 @@ static void group_chunk(int64_t type, const uint8_t* group, int64_t num_blocks, 
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < num_blocks; ++b) {
         const uint8_t* block = group + b * block_bytes;
+        prefetch_ahead(block, block_bytes);
         const __m512 d_w = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)block));
         if (q4) {
             const __m512 m_w = q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(block + 32)))
