@@ -18,6 +18,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, EngineLimits
 from engine.detokenizer import IncrementalDetokenizer
 from engine.device import free_memory_bytes, pick_device, pick_dtype, release_cached_memory
+from engine.grammar import GrammarCompiler
 from engine.kv_cache import KVCache, bytes_per_block
 from engine.memory import num_kv_blocks
 from engine.model_runner import ModelRunner, build_model_input
@@ -57,6 +58,8 @@ class LLMEngine:
         self.model_folder = loaded.folder
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
+        self.grammars = GrammarCompiler(loaded.tokenizer, loaded.model.arch.vocab_size,
+                                        loaded.eos_token_ids)
         self.hf_config = loaded.hf_config
         arch = loaded.model.arch
         loaded.model.set_attention_backend(config.model.attention_backend)
@@ -130,10 +133,13 @@ class LLMEngine:
         if total > capacity:
             raise ValueError(f"the request needs {total} tokens of KV cache but the whole cache "
                              f"holds {capacity}; raise --kv-cache-memory or lower max_tokens")
+        # A grammar is compiled once per constraint (the server compiles it before this, off
+        # the engine's thread; here it is a cache hit and a copy).
+        grammar = self.grammars.matcher(params.structured) if params.structured else None
         return Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt_token_ids=token_ids, sampling_params=params, eos_token_ids=self.eos_token_ids,
-            prompt_text=prompt_text,
+            prompt_text=prompt_text, grammar=grammar,
         )
 
     def add(self, request: Request) -> None:
@@ -249,6 +255,9 @@ class LLMEngine:
                                       num_output_tokens=num_before + count)
                 request.stop_reason = state.detokenizer.stop_reason
                 break
+        if request.grammar is not None and new_ids and not request.grammar.accept(new_ids):
+            logger.error("request %s emitted tokens its grammar does not allow: %s",
+                         request.request_id, new_ids)
         if request.is_finished and state.detokenizer.stop_reason is None:
             delta_text += state.detokenizer.flush()
         delta_logprobs = None

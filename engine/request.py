@@ -64,6 +64,12 @@ class Request:
     # and points `acceptance` at the one this step drafts from (writer: that proposer).
     acceptance_by_source: dict[str, AcceptanceTracker] = field(default_factory=dict)
 
+    # Structured output: the request's grammar state, advanced by emitted tokens only (writer:
+    # the engine). `num_forced_drafts`: this step's drafts came from the grammar, not the
+    # proposer (writer: the speculation step).
+    grammar: object | None = None  # engine.grammar.GrammarMatcher
+    num_forced_drafts: int = 0
+
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the leading full blocks
 

@@ -1,6 +1,6 @@
 """Choosing the next token from logits: pure functions on tensors, batched, no state.
 
-Order of operations, per row: logit bias -> repetition / frequency / presence penalties -> (greedy:
+Order of operations, per row: grammar mask (disallowed tokens to -inf) -> logit bias -> repetition / frequency / presence penalties -> (greedy:
 argmax) -> temperature -> top-k -> top-p -> min-p -> sample. Seeded rows draw their randomness from
 a generator seeded by (seed, output position), so a request's tokens do not depend on what else is
 in the batch or on whether it was preempted and recomputed.
@@ -33,6 +33,7 @@ class SamplingBatch:
     use_top_p: bool = False
     use_min_p: bool = False
     max_num_logprobs: int | None = None  # None: no row wants logprobs
+    allowed: torch.Tensor | None = None  # [num_rows, vocab] bool: a grammar's tokens; None: all
 
 
 @dataclass
@@ -198,7 +199,11 @@ def exponential_(noise: torch.Tensor, generators: list) -> torch.Tensor:
 
 
 def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Logit bias, then penalties: what greedy rows take the argmax of."""
+    """Grammar mask, logit bias, then penalties: what greedy rows take the argmax of. Masked
+    tokens stay at -inf through bias and penalties, so every later step sees the masked
+    distribution."""
+    if batch.allowed is not None:
+        logits = logits.masked_fill(~batch.allowed, float("-inf"))
     if batch.logit_bias is not None:
         bias = batch.logit_bias
         logits = logits.index_put((bias.rows, bias.token_ids), bias.values, accumulate=True)

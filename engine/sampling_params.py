@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.grammar.constraint import Constraint
+
 MAX_LOGPROBS = 20
 
 
@@ -32,6 +34,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured: Constraint | None = None  # the output must match this (JSON schema, regex, ...)
 
     def __post_init__(self) -> None:
         # Accept lists / single strings from callers, store tuples so the object stays hashable-ish.
@@ -53,6 +56,8 @@ class SamplingParams:
             (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
              f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"),
             (all(s for s in self.stop), "stop strings must not be empty"),
+            (not (self.structured and self.ignore_eos),
+             "ignore_eos cannot be combined with structured output: the grammar ends the text"),
         ]
         for ok, message in checks:
             if not ok:

@@ -175,6 +175,9 @@ class Scheduler:
             if num_drafts:
                 request.spec_stats.record(num_drafts, num_accepted)
                 self.spec_stats.record(num_drafts, num_accepted)
+                if request.num_forced_drafts:
+                    request.spec_stats.record_forced(num_drafts, num_accepted)
+                    self.spec_stats.record_forced(num_drafts, num_accepted)
             status = None
             for token_id in emitted:
                 request.append_output_token(token_id)

@@ -8,10 +8,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from engine.grammar.drafts import constrain_drafts
 from engine.request import Request
 from engine.scheduler import ScheduledRequest, SchedulerOutput
 from engine.spec_decode.controller import SpeculationController
-from engine.spec_decode.proposer import Proposer
+from engine.spec_decode.proposer import Proposal, Proposer
 
 
 class Speculation:
@@ -32,19 +33,37 @@ class Speculation:
         self.proposer.prepare(requests, max_ks)
         # drafts not set yet: num_batched_tokens counts each request's own tokens
         ks = self.controller.plan(requests, max_ks, plan.num_batched_tokens, padded_tokens)
-        if not any(ks):
+        constrained = any(r.grammar is not None for r in requests)
+        if not any(ks) and not constrained:
             return {}
-        started = time.perf_counter()
-        proposal = self.proposer.propose(requests, ks)
-        self.controller.observe_drafting(sum(len(d) for d in proposal.draft_token_ids),
-                                         getattr(self.proposer, "num_sequential_steps", 0),
-                                         time.perf_counter() - started)
+        proposal = Proposal([[] for _ in requests])
+        if any(ks):
+            started = time.perf_counter()
+            proposal = self.proposer.propose(requests, ks)
+            self.controller.observe_drafting(sum(len(d) for d in proposal.draft_token_ids),
+                                             getattr(self.proposer, "num_sequential_steps", 0),
+                                             time.perf_counter() - started)
         probs = {}
         for index, (request, drafts) in enumerate(zip(requests, proposal.draft_token_ids)):
+            draft_probs = None if proposal.draft_probs is None else proposal.draft_probs[index]
+            request.num_forced_drafts = 0
+            if request.grammar is not None:
+                # Forced drafts cost no model work, so they go even where the controller
+                # planned none, within the room the scheduler reserved.
+                proposed = drafts
+                drafts, draft_probs, request.num_forced_drafts = constrain_drafts(
+                    request.grammar, drafts, draft_probs, max_ks[index],
+                    request.sampling_params.greedy)
+                if request.num_forced_drafts:
+                    # A draft model's KV holds its own drafts; past where they differ from the
+                    # forced ones it must feed again.
+                    same = next((j for j, (a, b) in enumerate(zip(proposed, drafts)) if a != b),
+                                min(len(proposed), len(drafts)))
+                    request.num_draft_computed_tokens = min(request.num_draft_computed_tokens,
+                                                            request.num_tokens - 1 + same)
             request.draft_token_ids = drafts
-            if drafts and proposal.draft_probs is not None \
-                    and proposal.draft_probs[index] is not None:
-                probs[request.request_id] = proposal.draft_probs[index]
+            if drafts and draft_probs is not None:
+                probs[request.request_id] = draft_probs
         return probs
 
     def observe(self, scheduled: Sequence[ScheduledRequest], token_row_starts: list[int],
@@ -60,6 +79,7 @@ class Speculation:
             self.controller.observe_step(num_rows, seconds)
         for s, tokens in zip(scheduled, emitted):
             request: Request = s.request
-            if request.draft_token_ids and tokens:
+            # Forced drafts say nothing of the proposer's acceptance.
+            if request.draft_token_ids and tokens and not request.num_forced_drafts:
                 self.controller.observe_verification(
                     request, len(request.draft_token_ids), len(tokens) - 1)

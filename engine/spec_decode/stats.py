@@ -17,6 +17,13 @@ class SpecStats:
     num_accepted_tokens: int = 0  # the bonus / recovered token is not counted
     num_emitted_tokens: int = 0  # accepted + the one sampled token, per verify step
     accepted_per_position: list[int] = field(default_factory=list)
+    # Of the above, drafts a grammar forced (structured output) and how many were accepted.
+    num_forced_draft_tokens: int = 0
+    num_forced_accepted_tokens: int = 0
+
+    def record_forced(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.num_forced_draft_tokens += num_draft_tokens
+        self.num_forced_accepted_tokens += num_accepted
 
     def record(self, num_draft_tokens: int, num_accepted: int) -> None:
         self.num_drafts += 1
@@ -33,6 +40,7 @@ class SpecStats:
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
         self.num_emitted_tokens += other.num_emitted_tokens
+        self.record_forced(other.num_forced_draft_tokens, other.num_forced_accepted_tokens)
         extra = len(other.accepted_per_position) - len(self.accepted_per_position)
         self.accepted_per_position.extend([0] * max(extra, 0))
         for position, count in enumerate(other.accepted_per_position):

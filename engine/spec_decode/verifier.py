@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.device import copy_to_device
+from engine.grammar.masks import build_bitmask, unpack_bitmask
 from engine.sampler import (
     SamplingBatch,
     build_sampling_batch,
@@ -74,7 +75,8 @@ def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
                     shared_generator: torch.Generator) -> list[list[int]]:
     """Per sampling request of a step: its accepted drafts and one new token (just the new
     token without speculation). Row j of a request scores the position after drafts[:j], so
-    its penalties see those drafts and its seeded generator is keyed by that position."""
+    its penalties see those drafts, its grammar mask is the one after those drafts, and its seeded
+    generator is keyed by that position."""
     if not requests:
         return []
     params, prompts, histories, seqs = [], [], [], []
@@ -88,6 +90,10 @@ def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
                               request.sampling_params.greedy))
     batch = build_sampling_batch(params, prompts, histories, logits.shape[-1], logits.device,
                                  shared_generator)
+    bitmask = build_bitmask(requests, row_starts, logits.shape[0], logits.shape[-1])
+    if bitmask is not None:
+        # The target's distribution at every verified position is the masked one.
+        batch.allowed = unpack_bitmask(bitmask, logits.shape[-1], logits.device)
     return verify(logits, batch, seqs)
 
 

@@ -1,0 +1,40 @@
+"""Token masks for the rows of a step's logits: built on the host from each constrained request's
+matcher, unpacked to booleans on the logits' device, applied before any other processing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.device import to_device
+
+
+def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:  # [num_rows, words] int32
+    """All bits set: rows no matcher writes allow every token."""
+    return torch.full((num_rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def build_bitmask(requests: Sequence, row_starts: Sequence[int], num_rows: int,
+                  vocab_size: int) -> torch.Tensor | None:
+    """Rows row_start + j of a constrained request allow what its grammar allows after its
+    drafts[:j]; None when no request in the step is constrained."""
+    constrained = [(r, start) for r, start in zip(requests, row_starts) if r.grammar is not None]
+    if not constrained:
+        return None
+    bitmask = allocate_bitmask(num_rows, vocab_size)
+    for request, start in constrained:
+        request.grammar.fill_masks(bitmask, start, request.draft_token_ids)
+    return bitmask
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int,
+                   device: torch.device) -> torch.Tensor:  # [num_rows, vocab] bool
+    words = to_device(bitmask, device)
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    bits = (words.unsqueeze(-1) >> shifts) & 1  # [num_rows, words, 32]
+    return bits.view(words.shape[0], -1)[:, :vocab_size].bool()
+
+
+def apply_allowed(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    return logits.masked_fill(~allowed, float("-inf"))
