@@ -53,6 +53,11 @@ class PrometheusMetrics:
                                         "Accepted draft tokens by draft position", ["position"])
         self.num_emitted_tokens = counter("spec_decode_num_emitted_tokens",
                                           "Tokens emitted by verify steps")
+        self.num_forced_draft_tokens = counter(
+            "spec_decode_num_forced_draft_tokens",
+            "Draft tokens a grammar forced (structured outputs); also in num_draft_tokens")
+        self.num_forced_accepted_tokens = counter(
+            "spec_decode_num_forced_accepted_tokens", "Grammar-forced draft tokens accepted")
         self.current_k = gauge("spec_decode_current_k",
                                "Mean draft tokens per speculating request in the last step")
         self.running = gauge("num_requests_running", "Requests in the running batch")
@@ -86,7 +91,8 @@ class PrometheusMetrics:
         for reason in ("stop", "length", "abort"):  # exported at 0 before the first request
             self.success.labels(model_name, reason)
         for metric in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
-                       self.num_emitted_tokens, self.preemptions, self.prefix_queries,
+                       self.num_emitted_tokens, self.num_forced_draft_tokens,
+                       self.num_forced_accepted_tokens, self.preemptions, self.prefix_queries,
                        self.prefix_hits, self.prompt_tokens, self.generation_tokens):
             metric.labels(model_name)
         for position in range(num_speculative_tokens):
@@ -99,6 +105,8 @@ class PrometheusMetrics:
         self.num_draft_tokens.labels(m).inc(spec.num_draft_tokens)
         self.num_accepted_tokens.labels(m).inc(spec.num_accepted_tokens)
         self.num_emitted_tokens.labels(m).inc(spec.num_emitted_tokens)
+        self.num_forced_draft_tokens.labels(m).inc(spec.num_forced_draft_tokens)
+        self.num_forced_accepted_tokens.labels(m).inc(spec.num_forced_accepted_tokens)
         for position, count in enumerate(spec.accepted_per_position):
             if count:
                 self.accepted_per_pos.labels(m, str(position)).inc(count)

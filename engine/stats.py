@@ -97,6 +97,9 @@ class StepRecorder:
             num_draft_tokens=spec.num_draft_tokens - before.num_draft_tokens,
             num_accepted_tokens=spec.num_accepted_tokens - before.num_accepted_tokens,
             num_emitted_tokens=spec.num_emitted_tokens - before.num_emitted_tokens,
+            num_forced_draft_tokens=spec.num_forced_draft_tokens - before.num_forced_draft_tokens,
+            num_forced_accepted_tokens=(spec.num_forced_accepted_tokens
+                                        - before.num_forced_accepted_tokens),
             accepted_per_position=[
                 count - (before.accepted_per_position[i]
                          if i < len(before.accepted_per_position) else 0)

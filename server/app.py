@@ -58,6 +58,7 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
                                 settings, Admission(settings.max_queue))
         await lifecycle.start(context)  # before the metrics listeners: warm-up is not traffic
         server_metrics.attach_engine(context)
+        context.server_metrics = server_metrics
         engine.engine.add_stat_listener(PeriodicStatLogger())
         app.state.context = context
         yield

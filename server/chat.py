@@ -33,6 +33,15 @@ from server.protocol import (
     ChatCompletionResponse,
 )
 from server.streaming import DONE, error_event, event
+from server.structured import prepare_constraint
+from server.tools import (
+    ToolCallStream,
+    ToolPlan,
+    conversation,
+    parse_output,
+    plan_tools,
+    template_renders_tools,
+)
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -44,34 +53,38 @@ async def create_chat_completion(request: Request, context: ServerContext = Depe
     check_stream_options(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
-    prompt = await asyncio.to_thread(_apply_chat_template, context.engine.tokenizer, body)
+    tools = plan_tools(body)
+    structured = await prepare_constraint(context, body, tools)
+    prompt = await asyncio.to_thread(_apply_chat_template, context.engine.tokenizer, body, tools)
     requested = requested_max_tokens(body)  # None: the default for this endpoint
     num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(context, body, prompt, requested, num_logprobs)
+    params = sampling_params(context, body, prompt, requested, num_logprobs, structured)
     choices = plan_choices(context, [prompt], [params], body.n)
-    response = _Response(context, body, prompt, choices)
+    response = _Response(context, body, prompt, choices, tools)
     return await respond(request, context, response, choices, body.stream)
 
 
-def _apply_chat_template(tokenizer, body: ChatCompletionRequest) -> Prompt:
+def _apply_chat_template(tokenizer, body: ChatCompletionRequest, tools: ToolPlan | None) -> Prompt:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template; use /v1/completions")
-    conversation = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in body.messages
-    ]
-    text = tokenizer.apply_chat_template(conversation, tokenize=False,
+    messages, tool_specs = conversation(body, tools, template_renders_tools(tokenizer))
+    text = tokenizer.apply_chat_template(messages, tools=tool_specs, tokenize=False,
                                          add_generation_prompt=body.add_generation_prompt)
     # The template writes any special tokens itself (a BOS among them): add none twice.
     return Prompt(tokenizer(text, add_special_tokens=False)["input_ids"], text)
+
+
+def _tool_reason(reason: str | None, called: bool) -> str | None:
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 class _Response:
     """Builds one chat completion, whole or as a stream of chunks."""
 
     def __init__(self, context: ServerContext, body: ChatCompletionRequest, prompt: Prompt,
-                 choices: list[Choice]):
+                 choices: list[Choice], tools: ToolPlan | None):
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.tools = tools if tools is not None and tools.mode != "none" else None
         self.created = int(time.time())
         self.context = context
         self.body = body
@@ -85,12 +98,21 @@ class _Response:
             return None
         return chat_logprobs(self.texts, logprobs or [], self.num_top)
 
+    def _message(self, final) -> tuple[AssistantMessage, str | None]:
+        """The reply and its finish reason: "tool_calls" where the text held calls."""
+        reason = finish_reason(final)
+        if self.tools is None:
+            return AssistantMessage(content=final.text), reason
+        content, calls = parse_output(self.tools, final.text)
+        return (AssistantMessage(content=content, tool_calls=calls or None),
+                _tool_reason(reason, bool(calls)))
+
     def complete(self, finals: dict) -> ChatCompletionResponse:
-        out = [ChatChoice(index=c.index,
-                          message=AssistantMessage(content=finals[c.index].text),
-                          logprobs=self._logprobs(finals[c.index].logprobs),
-                          finish_reason=finish_reason(finals[c.index]))
-               for c in self.choices]
+        out = []
+        for c in self.choices:
+            message, reason = self._message(finals[c.index])
+            out.append(ChatChoice(index=c.index, message=message, finish_reason=reason,
+                                  logprobs=self._logprobs(finals[c.index].logprobs)))
         usage = build_usage([self.prompt], [finals[c.index] for c in self.choices])
         return ChatCompletionResponse(id=self.id, created=self.created,
                                       model=self.context.model_name, choices=out, usage=usage)
@@ -102,20 +124,28 @@ class _Response:
     async def events(self, fanout: FanOut) -> AsyncGenerator[str, None]:
         with_usage = self.body.include_usage
         finals = {}
+        streams = {c.index: ToolCallStream(self.tools) for c in self.choices}
         try:
             for choice in self.choices:  # the role first, before any token is ready
                 yield event(self._chunk([ChatChunkChoice(
                     index=choice.index, delta={"role": "assistant", "content": ""})]), with_usage)
             async for index, output in fanout:
                 logprobs = self._logprobs(output.delta_logprobs)
-                if output.delta_text or (logprobs is not None and logprobs.content):
+                stream = streams[index]
+                deltas = stream.feed(output.delta_text)
+                if output.finished:
+                    deltas += stream.finish(output.text)
+                if not deltas and logprobs is not None and logprobs.content:
+                    deltas = [{"content": ""}]
+                for delta in deltas:
                     yield event(self._chunk([ChatChunkChoice(
-                        index=index, delta={"content": output.delta_text}, logprobs=logprobs)]),
-                        with_usage)
+                        index=index, delta=delta, logprobs=logprobs)]), with_usage)
+                    logprobs = None  # once per output
                 if output.finished:
                     finals[index] = output
+                    reason = _tool_reason(finish_reason(output), stream.called)
                     yield event(self._chunk([ChatChunkChoice(
-                        index=index, delta={}, finish_reason=finish_reason(output))]), with_usage)
+                        index=index, delta={}, finish_reason=reason)]), with_usage)
             if with_usage:
                 usage = build_usage([self.prompt], [finals[c.index] for c in self.choices])
                 yield event(self._chunk([], usage))

@@ -26,6 +26,7 @@ from server.generation import (
 from server.logprobs import CompletionLogprobsBuilder, TokenTexts, merge_completion_logprobs
 from server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from server.streaming import DONE, error_event, event
+from server.structured import prepare_constraint
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -38,7 +39,8 @@ async def create_completion(request: Request, context: ServerContext = Depends(g
     tokenizer = context.engine.tokenizer
     prompts = await asyncio.to_thread(_tokenize, tokenizer, body.prompt)
     requested = requested_max_tokens(body)  # None: the default for this endpoint
-    params = [sampling_params(context, body, prompt, requested, body.logprobs)
+    structured = await prepare_constraint(context, body)
+    params = [sampling_params(context, body, prompt, requested, body.logprobs, structured)
               for prompt in prompts]
     choices = plan_choices(context, prompts, params, body.n)
     response = _Response(context, body, prompts, choices)

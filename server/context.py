@@ -82,6 +82,7 @@ class ServerContext:
     settings: ServerSettings
     admission: Admission
     created: int = field(default_factory=lambda: int(time.time()))
+    server_metrics: object | None = None  # server.metrics.ServerMetrics, once serving
 
     @property
     def max_model_len(self) -> int:

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
+from engine.grammar import Constraint
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.stats import SpecStats
@@ -47,7 +48,8 @@ class Choice:
 
 
 def sampling_params(context: ServerContext, body: SamplingFields, prompt: Prompt,
-                    requested_max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+                    requested_max_tokens: int | None, logprobs: int | None,
+                    structured: Constraint | None = None) -> SamplingParams:
     """`requested_max_tokens` None fills the rest of the context. Raises APIError or ValueError
     (the engine's range checks) for bad values."""
     if requested_max_tokens is None:
@@ -63,6 +65,7 @@ def sampling_params(context: ServerContext, body: SamplingFields, prompt: Prompt
         frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
         logit_bias=_logit_bias(body.logit_bias, context.engine.engine.vocab_size),
         seed=body.seed, stop=tuple(stop), ignore_eos=body.ignore_eos, logprobs=logprobs,
+        structured=structured,
     )
 
 

@@ -13,6 +13,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Histogram,
     ProcessCollector,
     generate_latest,
 )
@@ -39,6 +40,19 @@ class ServerMetrics:
         self.http_requests = Counter(f"{prefix}:http_requests", "HTTP requests by route "
                                      "template and status", ["route", "status"],
                                      registry=self.registry)
+        self.structured_requests = Counter(
+            f"{prefix}:structured_requests", "Requests with a structured output or tools, by "
+            "kind (json_schema, json_object, regex, choice, grammar, tools_auto, "
+            "tools_required, tools_named)", ["kind"], registry=self.registry)
+        self.grammar_compile_time = Histogram(
+            f"{prefix}:grammar_compile_seconds", "Time to compile (or find cached) a request's "
+            "grammar, off the event loop", registry=self.registry,
+            buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0))
+
+    def record_structured(self, kind: str, compile_seconds: float | None) -> None:
+        self.structured_requests.labels(kind).inc()
+        if compile_seconds is not None:
+            self.grammar_compile_time.observe(compile_seconds)
 
     def attach_engine(self, context: ServerContext) -> None:
         """Registers the engine's metrics as its stat listener: call once, before serving."""

@@ -7,7 +7,7 @@ API reference; values the engine checks itself (e.g. `top_p` > 0) reach it and c
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -28,6 +28,28 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(_Request):
+    name: StrictStr = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    json_schema: dict | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Request):
+    """vLLM's `structured_outputs`: exactly one of these."""
+
+    json_: dict | StrictStr | None = Field(default=None, alias="json")
+    regex: StrictStr | None = None
+    choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+    grammar: StrictStr | None = None
+    json_object: bool | None = None
 
 
 class SamplingFields(_Request):
@@ -52,6 +74,14 @@ class SamplingFields(_Request):
     min_p: float = Field(default=0.0, ge=0, le=1)
     repetition_penalty: float = Field(default=1.0, gt=0)
     ignore_eos: bool = False
+    # Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older
+    # guided_* names (server/structured.py turns them into one constraint).
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -70,10 +100,23 @@ class TextPart(_Request):
     text: str
 
 
+class FunctionCall(_Request):
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Request):
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message answers this call
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -81,8 +124,32 @@ class ChatMessage(_Request):
         return self.content or ""
 
 
+class FunctionDefinition(_Request):
+    name: StrictStr = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema; None: no arguments
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: StrictStr
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     add_generation_prompt: bool = True  # extension: False continues the last message
@@ -143,10 +210,22 @@ class ChatLogprobs(BaseModel):
     refusal: None = None
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     refusal: None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -167,7 +246,8 @@ class ChatCompletionResponse(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int
-    delta: dict[str, str]  # {"role", "content"} first, then {"content"}, {} with finish_reason
+    # {"role", "content"} first, then {"content"} or {"tool_calls": [...]}, {} with finish_reason
+    delta: dict[str, Any]
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 

@@ -138,6 +138,10 @@ class GrammarCompiler:
         except ValueError as error:
             raise GrammarError(str(error)) from None
         matcher = llguidance.LLMatcher(self.tokenizer, grammar)
+        if not matcher.is_error():
+            # The first mask builds the lexer: an error there (a limit hit) is the grammar's too.
+            scratch = torch.empty((self.vocab_size + 31) // 32, dtype=torch.int32)
+            matcher.unsafe_compute_mask_ptr(scratch.data_ptr(), scratch.numel() * 4)
         if matcher.is_error():
             raise GrammarError(f"invalid {constraint.kind.replace('_', ' ')}: "
                                f"{matcher.get_error()}")
