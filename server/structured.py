@@ -20,41 +20,42 @@ COMPILE_TIMEOUT_S = 5.0  # a grammar that takes longer to compile is refused
 
 
 def requested_constraint(body: SamplingFields) -> tuple[Constraint | None, str | None]:
-    """(the request's constraint or None, the field it came from)."""
-    found = []
+    """(the request's constraint or None, the parameter it came from, as errors name it)."""
+    found = []  # (top-level field, constraint, parameter)
     if body.response_format is not None and body.response_format.type != "text":
-        found.append(("response_format", _response_format(body)))
+        found.append(("response_format", *_response_format(body)))
     if body.structured_outputs is not None:
-        found.append(("structured_outputs", _structured_outputs(body.structured_outputs)))
+        found.append(("structured_outputs", *_structured_outputs(body.structured_outputs)))
     for field, kind in (("guided_json", "json"), ("guided_regex", "regex"),
                         ("guided_choice", "choice"), ("guided_grammar", "grammar")):
         value = getattr(body, field)
         if value is not None:
-            found.append((field, _constraint(kind, value, field)))
+            found.append((field, _constraint(kind, value, field), field))
     if len(found) > 1:
         raise bad_request("only one of response_format, structured_outputs and guided_* may "
-                          f"constrain the output; got {', '.join(f for f, _ in found)}",
+                          f"constrain the output; got {', '.join(f for f, _, _ in found)}",
                           found[1][0])
     if not found:
         return None, None
-    field, constraint = found[0]
+    _, constraint, param = found[0]
     if body.ignore_eos:
         raise bad_request("ignore_eos cannot be combined with a structured output", "ignore_eos")
-    return constraint, field
+    return constraint, param
 
 
-def _response_format(body: SamplingFields) -> Constraint:
+def _response_format(body: SamplingFields) -> tuple[Constraint, str]:
     response_format = body.response_format
     if response_format.type == "json_object":
-        return Constraint("json_object")
+        return Constraint("json_object"), "response_format"
     spec = response_format.json_schema
     if spec is None or spec.json_schema is None:
         raise bad_request("response_format of type json_schema needs json_schema.schema",
                           "response_format.json_schema")
-    return _constraint("json", spec.json_schema, "response_format.json_schema.schema")
+    param = "response_format.json_schema.schema"
+    return _constraint("json", spec.json_schema, param), param
 
 
-def _structured_outputs(spec) -> Constraint:
+def _structured_outputs(spec) -> tuple[Constraint, str]:
     given = {name: value for name, value in (("json", spec.json_), ("regex", spec.regex),
                                              ("choice", spec.choice), ("grammar", spec.grammar))
              if value is not None}
@@ -65,7 +66,8 @@ def _structured_outputs(spec) -> Constraint:
                           f"and json_object; got {', '.join(given) or 'none'}",
                           "structured_outputs")
     (kind, value), = given.items()
-    return _constraint(kind, value, f"structured_outputs.{kind}")
+    param = f"structured_outputs.{kind}"
+    return _constraint(kind, value, param), param
 
 
 def _constraint(kind: str, value, param: str) -> Constraint:
@@ -124,18 +126,18 @@ async def compile_constraint(engine, constraint: Constraint, param: str) -> floa
 async def prepare_constraint(context, body: SamplingFields, tool_plan=None) -> Constraint | None:
     """The request's constraint (its own, or the one its tool choice implies), compiled and
     counted in the metrics by kind."""
-    constraint, field = requested_constraint(body)
+    constraint, param = requested_constraint(body)
     kind = constraint.kind if constraint is not None else None
     if tool_plan is not None and tool_plan.constraint is not None:
         if constraint is not None:
-            raise bad_request(f"tool_choice {tool_plan.mode} cannot be combined with {field}",
-                              field)
-        constraint, field = tool_plan.constraint, "tool_choice"
+            raise bad_request(f"tool_choice {tool_plan.mode} cannot be combined with {param}",
+                              param)
+        constraint, param = tool_plan.constraint, "tool_choice"
     if tool_plan is not None and tool_plan.mode != "none" and kind is None:
         kind = f"tools_{tool_plan.mode}"
     seconds = None
     if constraint is not None:
-        seconds = await compile_constraint(context.engine.engine, constraint, field)
+        seconds = await compile_constraint(context.engine.engine, constraint, param)
     if kind is not None and context.server_metrics is not None:
         context.server_metrics.record_structured(kind, seconds)
     return constraint

@@ -32,9 +32,10 @@ class GrammarMatcher:
     """One request's position in its grammar. Advances only by tokens the request emitted;
     speculation looks ahead with `fill_masks`, which leaves the state where it was."""
 
-    def __init__(self, matcher, eos_token_ids: Iterable[int]):
+    def __init__(self, matcher, eos_token_ids: Iterable[int], num_mask_words: int):
         self._matcher = matcher
         self._eos = sorted(eos_token_ids)
+        self.num_mask_words = num_mask_words  # int32 words of one row of its bitmask
 
     @property
     def is_terminated(self) -> bool:
@@ -80,11 +81,13 @@ class GrammarMatcher:
         consumed = 0
         self._fill(bitmask, row)
         for token_id in draft_token_ids:
-            if self._matcher.is_stopped() or not self._matcher.consume_token(token_id):
+            # Checked against the row's mask first: consuming a refused token (a sampled draft
+            # keeps one) would put the matcher in an error state that rollback does not undo.
+            if self._matcher.is_stopped() or not _allows(bitmask[row + consumed], token_id):
                 break
+            self._matcher.consume_token(token_id)
             consumed += 1
-            if not self._matcher.is_stopped():
-                self._fill(bitmask, row + consumed)
+            self._fill(bitmask, row + consumed)  # a complete match: end-of-text only
         if consumed:
             self._matcher.rollback(consumed)
 
@@ -100,6 +103,10 @@ class GrammarMatcher:
                 words[token_id // 32] |= _bit(token_id % 32)
 
 
+def _allows(words: torch.Tensor, token_id: int) -> bool:
+    return token_id < words.numel() * 32 and bool((int(words[token_id // 32]) >> (token_id % 32)) & 1)
+
+
 def _bit(index: int) -> int:
     return 1 << index if index < 31 else -(1 << 31)  # bit 31 of an int32
 
@@ -107,7 +114,9 @@ def _bit(index: int) -> int:
 class GrammarCompiler:
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: Iterable[int]):
         self._hf_tokenizer = tokenizer
-        self.vocab_size = vocab_size
+        # The grammar sees every token the tokenizer has (a model may have fewer rows in its
+        # LM head, as the tests' tiny models do; masks are cut to the logits' width).
+        self.vocab_size = max(vocab_size, len(tokenizer))
         self.eos_token_ids = frozenset(eos_token_ids)
         self._tokenizer = None
         self._cache: OrderedDict[Constraint, object] = OrderedDict()
@@ -152,4 +161,5 @@ class GrammarCompiler:
         return matcher
 
     def matcher(self, constraint: Constraint) -> GrammarMatcher:
-        return GrammarMatcher(self.compile(constraint).deep_copy(), self.eos_token_ids)
+        return GrammarMatcher(self.compile(constraint).deep_copy(), self.eos_token_ids,
+                              (self.vocab_size + 31) // 32)

@@ -10,19 +10,19 @@ import torch
 from engine.device import to_device
 
 
-def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:  # [num_rows, words] int32
+def allocate_bitmask(num_rows: int, num_words: int) -> torch.Tensor:  # [num_rows, words] int32
     """All bits set: rows no matcher writes allow every token."""
-    return torch.full((num_rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+    return torch.full((num_rows, num_words), -1, dtype=torch.int32)
 
 
-def build_bitmask(requests: Sequence, row_starts: Sequence[int], num_rows: int,
-                  vocab_size: int) -> torch.Tensor | None:
+def build_bitmask(requests: Sequence, row_starts: Sequence[int],
+                  num_rows: int) -> torch.Tensor | None:
     """Rows row_start + j of a constrained request allow what its grammar allows after its
     drafts[:j]; None when no request in the step is constrained."""
     constrained = [(r, start) for r, start in zip(requests, row_starts) if r.grammar is not None]
     if not constrained:
         return None
-    bitmask = allocate_bitmask(num_rows, vocab_size)
+    bitmask = allocate_bitmask(num_rows, constrained[0][0].grammar.num_mask_words)
     for request, start in constrained:
         request.grammar.fill_masks(bitmask, start, request.draft_token_ids)
     return bitmask

@@ -90,7 +90,7 @@ def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
                               request.sampling_params.greedy))
     batch = build_sampling_batch(params, prompts, histories, logits.shape[-1], logits.device,
                                  shared_generator)
-    bitmask = build_bitmask(requests, row_starts, logits.shape[0], logits.shape[-1])
+    bitmask = build_bitmask(requests, row_starts, logits.shape[0])
     if bitmask is not None:
         # The target's distribution at every verified position is the masked one.
         batch.allowed = unpack_bitmask(bitmask, logits.shape[-1], logits.device)
