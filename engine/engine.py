@@ -53,7 +53,8 @@ class LLMEngine:
         release_cached_memory(self.device)
         free_at_start = free_memory_bytes(self.device)
         loaded = load_model(config.model.model, self.device, self.dtype,
-                            quantization=config.model.quantization)
+                            quantization=config.model.quantization,
+                            max_model_len=config.model.max_model_len)
         self.model_name = loaded.name
         self.model_folder = loaded.folder
         self.tokenizer = loaded.tokenizer

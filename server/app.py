@@ -18,6 +18,7 @@ from fastapi.responses import Response
 from engine import AsyncEngine, EngineConfig
 from engine.stat_logger import PeriodicStatLogger
 from server import chat, completions, metrics
+from server.connections import AcceptErrorLog
 from server.lifecycle import Lifecycle
 from server.limits import BodySizeLimitMiddleware
 from server.context import (
@@ -45,6 +46,7 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        asyncio.get_running_loop().set_exception_handler(AcceptErrorLog())
         try:
             engine = await asyncio.to_thread(AsyncEngine.from_config, engine_config)
         except ValueError as error:
@@ -55,7 +57,8 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
             sys.stderr.flush()
             os._exit(1)
         context = ServerContext(engine, settings.served_model_name or engine.engine.model_name,
-                                settings, Admission(settings.max_queue))
+                                settings, Admission(settings.max_queue,
+                                          settings.max_completions_per_request))
         await lifecycle.start(context)  # before the metrics listeners: warm-up is not traffic
         server_metrics.attach_engine(context)
         context.server_metrics = server_metrics

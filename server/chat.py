@@ -53,6 +53,7 @@ async def create_chat_completion(request: Request, context: ServerContext = Depe
     check_stream_options(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+    context.admission.check_size(body.n, f"n={body.n}")
     tools = plan_tools(body)
     structured = await prepare_constraint(context, body, tools)
     prompt = await asyncio.to_thread(_apply_chat_template, context.engine.tokenizer, body, tools)
@@ -68,8 +69,16 @@ def _apply_chat_template(tokenizer, body: ChatCompletionRequest, tools: ToolPlan
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template; use /v1/completions")
     messages, tool_specs = conversation(body, tools, template_renders_tools(tokenizer))
-    text = tokenizer.apply_chat_template(messages, tools=tool_specs, tokenize=False,
-                                         add_generation_prompt=body.add_generation_prompt)
+    from jinja2 import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(messages, tools=tool_specs, tokenize=False,
+                                             add_generation_prompt=body.add_generation_prompt)
+    except TemplateError as error:
+        # The template's own raise_exception(...) (a role order it does not allow, say), or
+        # something its sandbox refused: either way about these messages.
+        raise bad_request(f"the model's chat template cannot render these messages: {error}",
+                          "messages") from None
     # The template writes any special tokens itself (a BOS among them): add none twice.
     return Prompt(tokenizer(text, add_special_tokens=False)["input_ids"], text)
 

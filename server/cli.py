@@ -10,11 +10,13 @@ from pathlib import Path
 
 from benchmarks.cli import add_bench_parser, run_bench
 from engine.config import QUANTIZATION_NAMES, SPECULATIVE_METHODS, EngineConfig
+from server.connections import DEFAULT_HEADER_TIMEOUT_S
 from server.context import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_ENGINE_STEP_TIMEOUT_S,
     DEFAULT_MAX_QUEUE,
     DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_STREAM_STALL_TIMEOUT_S,
 )
 
 
@@ -115,6 +117,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help="requests waiting for their first token beyond which new ones get 503 "
                         "with Retry-After, and /ready fails (default: %(default)s)")
+    p.add_argument("--max-completions-per-request", type=int, default=None,
+                   help="engine requests (prompts x n) one request may ask for; more is a 400 "
+                        "(default and most: --max-queue)")
+    p.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S,
+                   help="seconds a connection may take to send its request headers, from when "
+                        "it opens or its previous response ends; then it is closed "
+                        "(default: %(default)s)")
+    p.add_argument("--stream-stall-timeout", type=float, default=DEFAULT_STREAM_STALL_TIMEOUT_S,
+                   help="seconds a streaming client may read nothing (its buffers full) before "
+                        "its stream is aborted and its KV freed (default: %(default)s)")
     p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                    help="largest request body accepted; larger ones get 413 "
                         "(default: %(default)s)")
@@ -186,9 +198,15 @@ def main(argv: list[str] | None = None) -> None:
         config = engine_config_from_args(args)
         if args.max_queue < 1:
             raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+        if args.max_completions_per_request is not None and not \
+                1 <= args.max_completions_per_request <= args.max_queue:
+            raise ValueError("--max-completions-per-request must be between 1 and --max-queue "
+                             f"({args.max_queue}), got {args.max_completions_per_request}")
         if args.max_request_bytes < 1:
             raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
         for flag, value in (("--drain-timeout", args.drain_timeout),
+                            ("--header-timeout", args.header_timeout),
+                            ("--stream-stall-timeout", args.stream_stall_timeout),
                             ("--engine-step-timeout", args.engine_step_timeout)):
             if not value > 0:
                 raise ValueError(f"{flag} must be > 0 seconds, got {value}")
@@ -206,12 +224,15 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = ServerSettings(served_model_name=args.served_model_name,
                               api_key=args.api_key or None, max_queue=args.max_queue,
+                              max_completions_per_request=args.max_completions_per_request,
+                              stream_stall_timeout_s=args.stream_stall_timeout,
                               metrics_prefix=args.metrics_prefix,
                               max_request_bytes=args.max_request_bytes,
                               drain_timeout_s=args.drain_timeout,
                               engine_step_timeout_s=args.engine_step_timeout)
     app = build_app(config, settings)
-    serve(app, app.state.lifecycle, host=args.host, port=args.port, log_level=args.log_level)
+    serve(app, app.state.lifecycle, host=args.host, port=args.port, log_level=args.log_level,
+          header_timeout_s=args.header_timeout)
 
 
 if __name__ == "__main__":

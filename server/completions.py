@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator
 from fastapi import APIRouter, Depends, Request
 
 from server.context import ServerContext, get_context, require_api_key
-from server.errors import parse_body
+from server.errors import bad_request, parse_body
 from server.generation import (
     Choice,
     FanOut,
@@ -36,6 +36,11 @@ async def create_completion(request: Request, context: ServerContext = Depends(g
     body = await parse_body(request, CompletionRequest)
     context.check_model(body.model)
     check_stream_options(body)
+    if body.best_of is not None and body.best_of != body.n:
+        raise bad_request("best_of is not supported: leave it out or make it equal to n",
+                          "best_of")
+    num_prompts = _num_prompts(body.prompt)
+    context.admission.check_size(num_prompts * body.n, f"{num_prompts} prompts x n={body.n}")
     tokenizer = context.engine.tokenizer
     prompts = await asyncio.to_thread(_tokenize, tokenizer, body.prompt)
     requested = requested_max_tokens(body)  # None: the default for this endpoint
@@ -45,6 +50,10 @@ async def create_completion(request: Request, context: ServerContext = Depends(g
     choices = plan_choices(context, prompts, params, body.n)
     response = _Response(context, body, prompts, choices)
     return await respond(request, context, response, choices, body.stream)
+
+
+def _num_prompts(prompt) -> int:
+    return 1 if isinstance(prompt, str) or isinstance(prompt[0], int) else len(prompt)
 
 
 def _tokenize(tokenizer, prompt) -> list[Prompt]:

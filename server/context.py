@@ -16,6 +16,7 @@ DEFAULT_MAX_QUEUE = 256
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_ENGINE_STEP_TIMEOUT_S = 60.0
+DEFAULT_STREAM_STALL_TIMEOUT_S = 30.0
 RETRY_AFTER_SECONDS = 1
 
 
@@ -24,6 +25,9 @@ class ServerSettings:
     served_model_name: str | None = None
     api_key: str | None = None
     max_queue: int = DEFAULT_MAX_QUEUE  # engine requests waiting for their first token
+    stream_stall_timeout_s: float = DEFAULT_STREAM_STALL_TIMEOUT_S  # a stream nobody reads
+    # Engine requests (prompts x n) one HTTP request may ask for; None: max_queue.
+    max_completions_per_request: int | None = None
     metrics_prefix: str = "specserve"  # "vllm": dashboards built for vLLM work unchanged
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # in-flight requests' time after SIGTERM
@@ -39,8 +43,9 @@ class Admission:
     Touched only on the event loop, so plain counters and sets are exact.
     """
 
-    def __init__(self, max_queue: int):
+    def __init__(self, max_queue: int, max_per_request: int | None = None):
         self.max_queue = max_queue
+        self.max_per_request = min(max_per_request or max_queue, max_queue)
         self.num_waiting = 0
         self.in_flight: set = set()  # FanOuts between admission and their aclose()
         self.closed = False
@@ -49,13 +54,23 @@ class Admission:
     def is_full(self) -> bool:
         return self.num_waiting >= self.max_queue
 
+    def check_size(self, num_requests: int, what: str) -> None:
+        """A 400, before any work, for a request that asks for more engine requests than one
+        request may (`what` says how they were counted: "300 prompts x n=128")."""
+        if num_requests > self.max_per_request:
+            raise APIError(400, f"this request asks for {num_requests} completions ({what}); "
+                           f"the server takes at most {self.max_per_request} per request",
+                           param="n")
+
     def admit(self, holder, num_requests: int) -> None:
-        """Lets `holder` (a FanOut of `num_requests` engine requests) in, or raises a 503."""
+        """Lets `holder` (a FanOut of `num_requests` engine requests) in, or raises a 503 when
+        they do not all fit in the queue's free room."""
+        self.check_size(num_requests, "prompts x n")
         if self.closed:
             raise APIError(503, "the server is shutting down; retry on another replica",
                            SERVER_ERROR, code="server_draining",
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        if self.is_full:
+        if self.num_waiting + num_requests > self.max_queue:
             raise APIError(503, f"the server is busy: {self.num_waiting} requests are already "
                            "waiting; retry shortly", SERVER_ERROR, code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})

@@ -76,7 +76,15 @@ _TYPE_NAMES = {"body", "str", "int", "float", "bool"}
 
 
 async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
-    """The JSON body validated as `model`; anything else is a 400 in OpenAI's envelope."""
+    """The JSON body validated as `model`; anything else is a 400 in OpenAI's envelope (a body
+    declared as something other than JSON, 415)."""
+    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if content_type and content_type != "application/json" and \
+            not content_type.endswith("+json"):
+        # As FastAPI's own body parsing: this also keeps web pages from sending a "simple"
+        # cross-site POST (text/plain needs no CORS preflight) to a server without a key.
+        raise APIError(415, f"the request body must be JSON (Content-Type: application/json), "
+                       f"not {content_type}")
     raw = await request.body()
     try:
         data = json.loads(raw)
@@ -84,14 +92,37 @@ async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
         raise bad_request(f"the request body is not valid JSON: {error}") from None
     except RecursionError:
         raise bad_request("the request body is nested too deeply") from None
+    except ValueError:  # an integer past Python's digit limit for int()
+        raise bad_request("the request body has a number with too many digits") from None
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
+    _refuse_lone_surrogates(data)
     try:
         return model.model_validate(data)
     except ValidationError as error:
         raise from_validation_errors(error.errors()) from None
     except RecursionError:
         raise bad_request("the request body is nested too deeply") from None
+
+
+def _refuse_lone_surrogates(data: dict) -> None:
+    """JSON may escape half of a UTF-16 pair ("\\ud800"); no tokenizer can encode the result."""
+    stack = [(data, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((item, f"{path}.{key}" if path else str(key))
+                         for key, item in value.items())
+            value = "".join(value)  # the keys themselves
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}.{index}") for index, item in enumerate(value))
+            continue
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise bad_request(f"{path or 'the request body'}: the text holds a lone UTF-16 "
+                                  "surrogate, which is not a character", path or None) from None
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -202,6 +202,9 @@ async def run_unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         watch_task.cancel()
         if not work_task.done():
             work_task.cancel()
+            # Let the cancellation run before asking how the task ended: right after cancel()
+            # it is neither cancelled nor done, and result() raises InvalidStateError.
+            await asyncio.gather(work_task, return_exceptions=True)
     if work_task.cancelled():
         raise ClientDisconnected()
     return work_task.result()
@@ -220,7 +223,8 @@ async def respond(request: Request, context: ServerContext, response, choices: l
     engine requests end with the response."""
     fanout = FanOut(context, response.id, choices, final_only=not stream)
     if stream:
-        return EventStreamResponse(response.events(fanout), on_close=fanout.aclose)
+        return EventStreamResponse(response.events(fanout), on_close=fanout.aclose,
+                                   stall_timeout_s=context.settings.stream_stall_timeout_s)
     try:
         finals = await run_unless_disconnected(request, fanout.finals())
     except ClientDisconnected:

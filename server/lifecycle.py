@@ -30,6 +30,11 @@ import uvicorn
 from fastapi.responses import JSONResponse
 
 from engine.sampling_params import SamplingParams
+from server.connections import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    header_timeout_protocol,
+    raise_file_limit,
+)
 from server.context import ServerContext, ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -191,8 +196,11 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(app, lifecycle: Lifecycle, host: str, port: int, log_level: str) -> None:
+def serve(app, lifecycle: Lifecycle, host: str, port: int, log_level: str,
+          header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S) -> None:
+    raise_file_limit()
     # The drain has already waited for responses; uvicorn's own wait only covers the last bytes.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=ABORT_GRACE_S)
+                            timeout_graceful_shutdown=ABORT_GRACE_S,
+                            http=header_timeout_protocol(header_timeout_s))
     DrainingServer(config, lifecycle).run()

@@ -62,7 +62,7 @@ class SamplingFields(_Request):
     top_p: float = Field(default=1.0, ge=0, le=1)
     n: int = Field(default=1, ge=1, le=MAX_N)
     stop: Stop = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # vLLM's: 64 bits
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
@@ -93,6 +93,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default; null: fill the context
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    best_of: int | None = Field(default=None, ge=1)  # accepted only as n (not implemented)
 
 
 class TextPart(_Request):

@@ -4,6 +4,7 @@ OpenAI's error envelope, followed by `[DONE]`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -47,15 +48,25 @@ class EventStreamResponse(StreamingResponse):
     media_type = "text/event-stream"
 
     def __init__(self, events: AsyncGenerator[str, None],
-                 on_close: Callable[[], Awaitable[None]]):
+                 on_close: Callable[[], Awaitable[None]], stall_timeout_s: float | None = None):
+        """`stall_timeout_s`: a client that reads nothing for this long (its socket buffers
+        full, so a send cannot finish) has its stream aborted."""
         super().__init__(events, headers={"Cache-Control": "no-cache",
                                           "X-Accel-Buffering": "no"})
         self._events = events
         self._on_close = on_close  # also runs when the generator never started
+        self._stall_timeout_s = stall_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_unless_stalled(message) -> None:
+            async with asyncio.timeout(self._stall_timeout_s):
+                await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_unless_stalled)
+        except TimeoutError:
+            logger.info("stream aborted: its client read nothing for %g s",
+                        self._stall_timeout_s)
         finally:
             await self._events.aclose()
             await self._on_close()

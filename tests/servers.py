@@ -81,11 +81,12 @@ def engine_test_args(args: list[str]) -> list[str]:
 
 @contextmanager
 def running_server(args: list[str], model: str, env: dict[str, str] | None = None,
-                   metrics_prefix: str = "specserve", log_file=None):
-    """`log_file`: an open file for the server's stderr (its log), else the test's stderr."""
+                   metrics_prefix: str = "specserve", log_file=None, prefix: list[str] = ()):
+    """`log_file`: an open file for the server's stderr (its log), else the test's stderr;
+    `prefix`: a command the server runs under (`prlimit --nofile=...`)."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--port", str(port), "--log-level", "warning",
+        [*prefix, sys.executable, "-m", "server", "serve", "--port", str(port), "--log-level", "warning",
          *engine_test_args(args), *args],
         env={**os.environ, **(env or {})}, stderr=log_file,
     )

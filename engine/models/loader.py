@@ -168,17 +168,21 @@ def iter_checkpoint_tensors(folder: Path):
 
 
 def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
-               with_tokenizer: bool = True, quantization: str = "auto") -> LoadedModel:
-    """Loads weights (and, unless told not to, the tokenizer) of a Llama-family model."""
+               with_tokenizer: bool = True, quantization: str = "auto",
+               max_model_len: int | None = None) -> LoadedModel:
+    """Loads weights (and, unless told not to, the tokenizer) of a Llama-family model.
+    `max_model_len`: positions past it are never used, so no table is built for them (a model
+    file may claim a context of 2^32 - 1 tokens)."""
     path, name = locate_model(model)
     if keeps_gguf_blocks(path, device, dtype, quantization):
-        folder, hf_config, llama, tokenizer = _load_native(path, with_tokenizer)
+        folder, hf_config, llama, tokenizer = _load_native(path, with_tokenizer, max_model_len)
         if uses_integer_kernels(quantization):
             llama.use_integer_kernels()
         logger.info("%s: GGUF blocks kept (%s), %.0f MB of packed weights", name,
                     ", ".join(llama.gguf_format_names()), llama.gguf_bytes() / 1e6)
     else:
-        folder, hf_config, llama, tokenizer = _load_float(path, device, with_tokenizer)
+        folder, hf_config, llama, tokenizer = _load_float(path, device, with_tokenizer,
+                                                          max_model_len)
     llama = llama.to(dtype).eval()
     llama.pack_for_cpu()
     return LoadedModel(
@@ -187,11 +191,17 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
     )
 
 
-def _load_native(path: Path, with_tokenizer: bool):
+def _limit_positions(hf_config, max_model_len: int | None):
+    if max_model_len is not None and max_model_len < hf_config.max_position_embeddings:
+        hf_config.max_position_embeddings = max_model_len
+    return hf_config
+
+
+def _load_native(path: Path, with_tokenizer: bool, max_model_len: int | None):
     """A GGUF file with its quantized matrices kept in their blocks, on CPU: (metadata folder,
     config, model, tokenizer or None)."""
     folder = gguf_native.metadata_folder(path, cache_dir())
-    hf_config = gguf_native.read_config(folder)
+    hf_config = _limit_positions(gguf_native.read_config(folder), max_model_len)
     # Built on CPU directly (the meta device's to_empty imports sympy: ~40 MB resident). Its
     # float weights are torch.empty, pages never touched, and the projections kept in GGUF
     # blocks drop theirs at once.
@@ -203,13 +213,14 @@ def _load_native(path: Path, with_tokenizer: bool):
     return folder, hf_config, llama, tokenizer
 
 
-def _load_float(path: Path, device: torch.device, with_tokenizer: bool):
+def _load_float(path: Path, device: torch.device, with_tokenizer: bool,
+                max_model_len: int | None):
     """A Hugging Face folder, or a GGUF file dequantized into one (cached): (folder, config,
     model, tokenizer or None)."""
     from transformers import AutoConfig, AutoTokenizer
 
     folder = gguf_to_folder(path) if path.is_file() else path
-    hf_config = AutoConfig.from_pretrained(folder)
+    hf_config = _limit_positions(AutoConfig.from_pretrained(folder), max_model_len)
     arch = LlamaArchitecture.from_hf_config(hf_config)
     with torch.device("meta"):
         llama = LlamaForCausalLM(arch)
