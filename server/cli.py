@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import re
+import sys
 from pathlib import Path
 
 from benchmarks.cli import add_bench_parser, run_bench
@@ -213,12 +214,17 @@ def main(argv: list[str] | None = None) -> None:
         if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", args.metrics_prefix):
             raise ValueError(f"--metrics-prefix must be letters, digits and underscores, got "
                              f"{args.metrics_prefix!r}")
-        # Fail before the server starts, with one line, when the model cannot be found.
+        # Fail before the server starts, with one line, when the model cannot be found or its
+        # file is damaged.
+        from engine.models.gguf_native import check_gguf
         from engine.models.loader import locate_model
 
-        locate_model(config.model.model)
+        path, _ = locate_model(config.model.model)
+        if path.is_file() and path.suffix == ".gguf":
+            check_gguf(path)
     except ValueError as error:
-        raise SystemExit(f"specserve: error: {error}") from None
+        print(f"specserve: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     from server.app import ServerSettings, build_app
     from server.lifecycle import serve
 

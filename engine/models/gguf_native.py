@@ -102,6 +102,32 @@ def read_tensors(path: Path, hf_config) -> Iterator[tuple[str, torch.Tensor | Pa
                        ", ".join(sorted(dequantized)))
 
 
+def check_gguf(path: Path) -> None:
+    """A ValueError in one line for a GGUF file that cannot serve: a header that does not parse,
+    tensor data past the end of the file (truncated), or a vocabulary that is not the token
+    embedding's."""
+    import gguf
+
+    size = path.stat().st_size
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as error:  # noqa: BLE001 - the reader raises whatever the bytes provoke
+        raise ValueError(f"{path} is not a readable GGUF file ({size} bytes; truncated or "
+                         f"damaged?): {type(error).__name__}: {error}") from None
+    for tensor in reader.tensors:
+        end = tensor.data_offset + tensor.n_bytes
+        if end > size:
+            raise ValueError(f"{path} is truncated: tensor {tensor.name} ends at byte {end}, "
+                             f"the file has {size}")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if tokens is not None and embedding is not None:
+        num_tokens, num_rows = len(tokens.data), int(embedding.shape[-1])
+        if num_tokens > num_rows:
+            raise ValueError(f"{path}: tokenizer.ggml.tokens lists {num_tokens} tokens, but "
+                             f"token_embd.weight has {num_rows} rows")
+
+
 def gguf_types(path: Path) -> dict[str, str]:
     """Hugging Face tensor name -> GGUF type name, read from the file's header."""
     import gguf

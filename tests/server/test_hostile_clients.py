@@ -6,6 +6,8 @@ or 415s in OpenAI's envelope, never 500s."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import httpx
@@ -229,3 +231,35 @@ def test_admission_counts_every_completion_of_a_request():
         admission.check_size(5, "5 prompts x n=1")
     assert too_big.value.status_code == 400 and "at most 4" in too_big.value.message
     assert Admission(max_queue=4, max_per_request=2).max_per_request == 2
+
+
+def _serve_exit(model: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "server", "serve", "--model", model,
+                           "--port", "1"], capture_output=True, text=True, timeout=120)
+
+
+def test_a_damaged_gguf_is_refused_in_one_line(tmp_path):
+    import gguf
+    import numpy as np
+
+    from engine.models.loader import locate_model
+
+    data = locate_model(None)[0].read_bytes()
+    for cut in (len(data) // 2, 2_000):  # in the tensor data, in the header
+        damaged = tmp_path / f"cut-{cut}.gguf"
+        damaged.write_bytes(data[:cut])
+        result = _serve_exit(str(damaged))
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.strip().splitlines()[-1].startswith(
+            f"specserve: error: {damaged} is not a readable GGUF file")
+    # A vocabulary larger than the embedding.
+    writer = gguf.GGUFWriter(str(tmp_path / "vocab.gguf"), "llama")
+    writer.add_token_list([f"t{i}" for i in range(1000)])
+    writer.add_tensor("token_embd.weight", np.zeros((10, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = _serve_exit(str(tmp_path / "vocab.gguf"))
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].endswith(
+        "tokenizer.ggml.tokens lists 1000 tokens, but token_embd.weight has 10 rows")
