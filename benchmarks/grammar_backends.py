@@ -22,13 +22,13 @@ import platform
 import random
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
 from benchmarks.json_workload import SCHEMAS, TOOLS
-from benchmarks.vs_llamacpp import _cpu_model
+from benchmarks.machine import cpu_model
+from benchmarks.report import emit
 from engine.grammar import Constraint
 from engine.grammar.constraint import JSON_STYLE, grammar_text
 from engine.grammar.masks import unpack_bitmask
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "benchmark": "grammar_backends",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": model_name, "vocab": vocab, "cpu": _cpu_model(), "machine": platform.platform(),
+        "model": model_name, "vocab": vocab, "cpu": cpu_model(), "machine": platform.platform(),
         "threads": 1, "path_length": args.path_length, "repeats": args.repeats,
         "tokenizer_setup_s": {"llguidance": round(llg_setup, 3),
                               "xgrammar": round(xgr_setup, 3)},
@@ -143,10 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
                            for key in ("compile_ms", "mask_us")}
                  for backend in ("llguidance", "xgrammar")},
     }
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(report, args.output, indent=1)
     return report
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.vs_llamacpp import _cpu_model
+from benchmarks.machine import cpu_model
 from benchmarks.workloads import DATA, _read_jsonl
 from engine.attention.metadata import build_attention_metadata
 from engine.kv_cache import KVCache
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                  for i, a in enumerate(top1) for b in list(top1)[i + 1:]}
     kernel = load_kernel()
     report = {
-        "benchmark": "int8_agreement", "date": date.today().isoformat(), "cpu": _cpu_model(),
+        "benchmark": "int8_agreement", "date": date.today().isoformat(), "cpu": cpu_model(),
         "int8_variant": kernel.int8_isa() if kernel is not None else "torch reference",
         "positions": positions, "top1_agreement": agreement, "perplexity": perplexity,
         "perplexity_ratio_gguf_over_exact": round(perplexity["gguf"] / perplexity["gguf-exact"], 4),

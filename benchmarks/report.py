@@ -34,13 +34,18 @@ def draw(reports: list[dict], path: str | Path) -> None:
     print(f"figure written to {path}", file=sys.stderr)
 
 
-def finish(report: dict, output: str | None, plot: str | None,
-           earlier: list[dict] | None = None) -> None:
-    """Prints and saves `report`; draws it (with `earlier` reports, from load_report)."""
-    text = json.dumps(report, indent=2)
+def emit(report: dict, output: str | None, indent: int = 2) -> None:
+    """Prints `report` as JSON, and saves it to `output` when given."""
+    text = json.dumps(report, indent=indent)
     print(text)
     if output:
         Path(output).write_text(text + "\n")
+
+
+def finish(report: dict, output: str | None, plot: str | None,
+           earlier: list[dict] | None = None) -> None:
+    """Prints and saves `report`; draws it (with `earlier` reports, from load_report)."""
+    emit(report, output)
     if plot is None and output:
         plot = str(Path(output).with_suffix(".png"))
     if plot:

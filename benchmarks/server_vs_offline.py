@@ -27,7 +27,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.vs_llamacpp import _cpu_model, free_ports, wait_ready
+from benchmarks.machine import cpu_model
+from benchmarks.vs_llamacpp import free_ports, wait_ready
 from benchmarks.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
 
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
                 for path, tree in trees.items()}
         report = measure(args, urls)
     report = {"benchmark": "server_vs_offline", "date": date.today().isoformat(),
-              "cpu": _cpu_model(), "machine": platform.machine(), "threads": "torch default",
+              "cpu": cpu_model(), "machine": platform.machine(), "threads": "torch default",
               "method": args.method, "max_tokens": args.max_tokens,
               "prompts_per_kind": args.prompts, "baseline": args.baseline, **report}
     text = json.dumps(report, indent=2)

@@ -23,17 +23,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import os
 import platform
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
 from benchmarks.json_workload import SHAPES, is_valid, load_json_items
-from benchmarks.vs_llamacpp import _cpu_model
+from benchmarks.machine import cpu_model
+from benchmarks.report import emit
 from engine import LLM, SamplingParams
 from engine.grammar import GrammarMatcher
 from engine.memory import CPU_KV_CACHE_GIB
@@ -176,16 +175,13 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "structured",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model": model_name, "weights": "native GGUF" if args.model is None else args.model,
-        "cpu": _cpu_model(), "torch_threads": torch.get_num_threads(),
+        "cpu": cpu_model(), "torch_threads": torch.get_num_threads(),
         "machine": platform.platform(), "load_average": [round(v, 2) for v in os.getloadavg()],
         "num_items": len(items), "max_tokens": args.max_tokens,
         "batch1": batch_one(llms, items, args.max_tokens),
         "concurrent": {str(c): concurrent(llms, items, args.max_tokens, c) for c in levels},
     }
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(report, args.output, indent=1)
     return report
 
 

@@ -19,7 +19,7 @@ import sys
 import time
 from datetime import date
 
-from benchmarks.vs_llamacpp import _cpu_model
+from benchmarks.machine import cpu_model
 
 
 def ours(quantization: str, prompt: int, decode: int, repeats: int) -> dict:
@@ -93,7 +93,7 @@ def main() -> None:
             "decode_ratio": round(mine["decode_tok_s"] / theirs["decode_tok_s"], 2),
             "prompt_ratio": round(mine["prompt_tok_s"] / theirs["prompt_tok_s"], 2)}
     report = {"benchmark": "vs_llama_bench", "date": date.today().isoformat(),
-              "cpu": _cpu_model(), "model": model, "quantization": args.quantization,
+              "cpu": cpu_model(), "model": model, "quantization": args.quantization,
               "prompt": args.prompt, "decode": args.decode, "results": results}
     text = json.dumps(report, indent=2)
     print(text)

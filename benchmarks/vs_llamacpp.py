@@ -25,6 +25,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from benchmarks.machine import cpu_model, int8_variant, our_versions
+
 REFERENCE = "llama-server"  # the label the ratios divide by: llama.cpp's own C++ server
 
 # What llama-cpp-python's server (llama_cpp/server/app.py, 0.3.x) does with concurrent requests.
@@ -199,45 +201,6 @@ def _llama_server_info(binary: str | None) -> dict:
         return {"binary": binary, "error": f"{type(error).__name__}: {error}"}
 
 
-def _int8_variant() -> str | None:
-    """The integer kernel variant our --quantization gguf/auto servers ran (engine/quant/int8)."""
-    try:
-        from engine.quant.kernels import load_kernel
-
-        kernel = load_kernel()
-        return kernel.int8_isa() if kernel is not None else "pure-torch reference"
-    except (ImportError, RuntimeError) as error:
-        return f"unknown ({error})"
-
-
-def _our_versions() -> dict:
-    versions = {"python": platform.python_version()}
-    for module in ("torch", "transformers"):
-        try:
-            versions[module] = __import__(module).__version__
-        except ImportError:
-            pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        versions["specserve_commit"] = commit + ("+uncommitted" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return versions
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
 def finish(args: argparse.Namespace) -> None:
     serve_path = Path(args.serve)
     report = json.loads(serve_path.read_text())
@@ -253,8 +216,8 @@ def finish(args: argparse.Namespace) -> None:
         "servers": servers,
         "versions": {"llama.cpp": _llamacpp_info(args.llamacpp_python),
                      "llama-server": _llama_server_info(args.llama_server),
-                     "specserve": _our_versions()},
-        "specserve_int8_kernel_variant": _int8_variant(),
+                     "specserve": our_versions()},
+        "specserve_int8_kernel_variant": int8_variant(),
         "llamacpp_parallel_requests": False,
         "llamacpp_scheduling": LLAMACPP_SCHEDULING,
         "llamacpp_token_count": LLAMACPP_TOKEN_COUNT,
@@ -262,7 +225,7 @@ def finish(args: argparse.Namespace) -> None:
         "transformers_report": str(args.offline) if args.offline else None,
         "transformers": ({system: {kind: record["tokens_per_s"] for kind, record in by_kind.items()}
                           for system, by_kind in offline["results"].items()} if offline else None),
-        "machine": {"platform": platform.platform(), "cpu": _cpu_model(), "cpus": os.cpu_count(),
+        "machine": {"platform": platform.platform(), "cpu": cpu_model(), "cpus": os.cpu_count(),
                     "load_average_1min_at_start": args.load_at_start,
                     "load_average_at_end": [round(x, 2) for x in os.getloadavg()]},
     }

@@ -1,0 +1,47 @@
+"""What a benchmark ran on: the CPU's name, our integer kernel's variant, our versions and commit.
+Reports carry these so a figure can be named with its machine."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from pathlib import Path
+
+
+def int8_variant() -> str | None:
+    """The integer kernel variant our --quantization gguf/auto servers ran (engine/quant/int8)."""
+    try:
+        from engine.quant.kernels import load_kernel
+
+        kernel = load_kernel()
+        return kernel.int8_isa() if kernel is not None else "pure-torch reference"
+    except (ImportError, RuntimeError) as error:
+        return f"unknown ({error})"
+
+
+def our_versions() -> dict:
+    versions = {"python": platform.python_version()}
+    for module in ("torch", "transformers"):
+        try:
+            versions[module] = __import__(module).__version__
+        except ImportError:
+            pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        versions["specserve_commit"] = commit + ("+uncommitted" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return versions
+
+
+def cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
