@@ -37,6 +37,7 @@ class ToolPlan:
     tools: list  # [protocol.Tool]
     name: str | None = None  # the named function
     constraint: Constraint | None = None
+    parallel: bool = True  # parallel_tool_calls: more than one call allowed
 
     @property
     def renders_tools(self) -> bool:
@@ -66,7 +67,7 @@ def plan_tools(body: ChatCompletionRequest) -> ToolPlan | None:
     if choice == "required":
         return ToolPlan("required", body.tools, None, Constraint.json_schema(_calls_schema(
             body.tools, body.parallel_tool_calls)))
-    return ToolPlan(choice, body.tools)
+    return ToolPlan(choice, body.tools, parallel=body.parallel_tool_calls)
 
 
 def _parameters(tool) -> dict:
@@ -166,7 +167,8 @@ def parse_output(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCallOu
                 return text, []
         if calls:
             content = text[:text.index(TOOL_CALL_OPEN)].strip()
-            return content or None, calls
+            # Unconstrained text may hold more calls than parallel_tool_calls=false allows.
+            return content or None, calls if plan.parallel else calls[:1]
     return text, []
 
 

@@ -33,6 +33,9 @@ def test_auto_reads_hermes_blocks_and_keeps_the_text_before_them():
     assert content == "Let me check."
     assert _calls(calls) == [("get_weather", {"city": "Oslo"}), ("get_time", {})]
     assert len({c.id for c in calls}) == 2 and all(c.type == "function" for c in calls)
+    # Without parallel calls, the first call only.
+    assert _calls(parse_output(_plan(parallel=False), TWO_CALLS)[1]) == [
+        ("get_weather", {"city": "Oslo"})]
 
 
 @pytest.mark.parametrize("text", [
