@@ -29,6 +29,7 @@ from server.context import (
     require_api_key,
 )
 from server.errors import APIError, install_error_handlers
+from server.templates import ChatTemplates, TemplateLimitError
 from server.protocol import ModelCard, ModelList
 
 VERSION = "0.1.0"
@@ -50,21 +51,21 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
         try:
             engine = await asyncio.to_thread(AsyncEngine.from_config, engine_config)
         except ValueError as error:
-            # What the engine found wrong at start (the GPU memory share does not fit, a flag
-            # that does not suit the model): one line, as the CLI's own checks print, not
-            # uvicorn's traceback of a failed lifespan.
-            sys.stderr.write(f"specserve: error: {error}\n")
-            sys.stderr.flush()
-            os._exit(1)
+            # What the engine found wrong at start: the GPU memory share does not fit, a flag
+            # that does not suit the model.
+            _exit_with(str(error), 1)
         context = ServerContext(engine, settings.served_model_name or engine.engine.model_name,
                                 settings, Admission(settings.max_queue,
                                           settings.max_completions_per_request))
+        context.templates = await _start_templates(engine.tokenizer, settings)
         await lifecycle.start(context)  # before the metrics listeners: warm-up is not traffic
         server_metrics.attach_engine(context)
         context.server_metrics = server_metrics
         engine.engine.add_stat_listener(PeriodicStatLogger())
         app.state.context = context
         yield
+        if context.templates is not None:
+            await context.templates.close()
         engine.shutdown()
 
     app = FastAPI(title="specserve", version=VERSION, lifespan=lifespan)
@@ -105,6 +106,31 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
         return _model_card(context)
 
     return app
+
+
+async def _start_templates(tokenizer, settings: ServerSettings) -> ChatTemplates | None:
+    """The renderer pool for the chat template (--chat-template's, else the model's), checked on
+    a sample conversation: a template that breaks its limits there would break them for every
+    request, so the server refuses to start, in one line, exit 2."""
+    if settings.chat_template is not None:
+        tokenizer.chat_template = settings.chat_template
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    templates = ChatTemplates(dict(tokenizer.special_tokens_map), settings.template_limits)
+    await templates.start()
+    try:
+        await templates.check(tokenizer.get_chat_template())
+    except TemplateLimitError as error:
+        await templates.close()
+        _exit_with(f"the chat template {error} on a sample conversation", 2)
+    return templates
+
+
+def _exit_with(message: str, status: int) -> None:
+    """One line, as the CLI's own checks print, not uvicorn's traceback of a failed lifespan."""
+    sys.stderr.write(f"specserve: error: {message}\n")
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _model_card(context: ServerContext) -> ModelCard:

@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator
 from fastapi import APIRouter, Depends, Request
 
 from server.context import ServerContext, get_context, require_api_key
-from server.errors import bad_request, parse_body
+from server.errors import APIError, bad_request, parse_body
 from server.generation import (
     Choice,
     FanOut,
@@ -34,6 +34,7 @@ from server.protocol import (
 )
 from server.streaming import DONE, error_event, event
 from server.structured import prepare_constraint
+from server.templates import TemplateLimitError
 from server.tools import (
     ToolCallStream,
     ToolPlan,
@@ -56,7 +57,7 @@ async def create_chat_completion(request: Request, context: ServerContext = Depe
     context.admission.check_size(body.n, f"n={body.n}")
     tools = plan_tools(body)
     structured = await prepare_constraint(context, body, tools)
-    prompt = await asyncio.to_thread(_apply_chat_template, context.engine.tokenizer, body, tools)
+    prompt = await _render_prompt(context, body, tools)
     requested = requested_max_tokens(body)  # None: the default for this endpoint
     num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(context, body, prompt, requested, num_logprobs, structured)
@@ -65,22 +66,25 @@ async def create_chat_completion(request: Request, context: ServerContext = Depe
     return await respond(request, context, response, choices, body.stream)
 
 
-def _apply_chat_template(tokenizer, body: ChatCompletionRequest, tools: ToolPlan | None) -> Prompt:
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model has no chat template; use /v1/completions")
+async def _render_prompt(context: ServerContext, body: ChatCompletionRequest,
+                         tools: ToolPlan | None) -> Prompt:
+    """The messages through the model's chat template (in a renderer process, under its limits),
+    then the tokenizer (on a thread: a long prompt takes milliseconds)."""
+    tokenizer = context.engine.tokenizer
+    if context.templates is None:
+        raise bad_request("this model has no chat template; use /v1/completions")
     messages, tool_specs = conversation(body, tools, template_renders_tools(tokenizer))
-    from jinja2 import TemplateError
-
     try:
-        text = tokenizer.apply_chat_template(messages, tools=tool_specs, tokenize=False,
-                                             add_generation_prompt=body.add_generation_prompt)
-    except TemplateError as error:
-        # The template's own raise_exception(...) (a role order it does not allow, say), or
-        # something its sandbox refused: either way about these messages.
-        raise bad_request(f"the model's chat template cannot render these messages: {error}",
-                          "messages") from None
+        text = await context.templates.render(tokenizer.get_chat_template(None, tool_specs),
+                                              messages, tool_specs, body.add_generation_prompt)
+    except TemplateLimitError as error:
+        # The template is the server's, but these messages made it overrun: the request is
+        # what cannot be served.
+        raise APIError(400, f"the model's chat template {error}; it was stopped", param="messages",
+                       code="chat_template_limit") from None
     # The template writes any special tokens itself (a BOS among them): add none twice.
-    return Prompt(tokenizer(text, add_special_tokens=False)["input_ids"], text)
+    ids = await asyncio.to_thread(lambda: tokenizer(text, add_special_tokens=False)["input_ids"])
+    return Prompt(ids, text)
 
 
 def _tool_reason(reason: str | None, called: bool) -> str | None:

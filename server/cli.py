@@ -11,6 +11,7 @@ from pathlib import Path
 
 from benchmarks.cli import add_bench_parser, run_bench
 from engine.config import QUANTIZATION_NAMES, SPECULATIVE_METHODS, EngineConfig
+from server import templates
 from server.connections import DEFAULT_HEADER_TIMEOUT_S
 from server.context import (
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -137,6 +138,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-step-timeout", type=float, default=DEFAULT_ENGINE_STEP_TIMEOUT_S,
                    help="seconds one engine step may run before /health (liveness) fails "
                         "(default: %(default)s)")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template to use instead of the model's: a file's path, or "
+                        "the template itself")
+    p.add_argument("--chat-template-timeout", type=float, default=templates.DEFAULT_TIMEOUT_S,
+                   help="seconds one chat-template rendering may take; a longer one is stopped "
+                        "and its request gets a 400 (default: %(default)s)")
+    p.add_argument("--chat-template-max-bytes", type=int, default=templates.DEFAULT_MAX_BYTES,
+                   help="largest prompt a chat template may render (default: %(default)s)")
+    p.add_argument("--chat-template-workers", type=int, default=templates.DEFAULT_WORKERS,
+                   help="processes that render chat templates (default: %(default)s)")
     p.add_argument("--metrics-prefix", default="specserve",
                    help="name prefix of the /metrics series; 'vllm' makes dashboards and tools "
                         "built for vLLM work unchanged (default: %(default)s)")
@@ -160,6 +171,17 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         draft_layers=args.draft_layers, draft_layer_ids=args.draft_layer_ids,
         draft_head=args.draft_head, eagle_ngram_min=args.eagle_ngram_min, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
     )
+
+
+def _chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's text, or the value itself where it reads as a template (as
+    vLLM takes it)."""
+    if value is None or any(mark in value for mark in ("{{", "{%")):
+        return value
+    try:
+        return Path(value).read_text()
+    except OSError as error:
+        raise ValueError(f"--chat-template: cannot read {value!r}: {error.strerror}") from None
 
 
 def _layer_ids(text: str) -> tuple[int, ...]:
@@ -203,11 +225,16 @@ def main(argv: list[str] | None = None) -> None:
                 1 <= args.max_completions_per_request <= args.max_queue:
             raise ValueError("--max-completions-per-request must be between 1 and --max-queue "
                              f"({args.max_queue}), got {args.max_completions_per_request}")
-        if args.max_request_bytes < 1:
-            raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
+        for flag, count in (("--max-request-bytes", args.max_request_bytes),
+                            ("--chat-template-max-bytes", args.chat_template_max_bytes),
+                            ("--chat-template-workers", args.chat_template_workers)):
+            if count < 1:
+                raise ValueError(f"{flag} must be >= 1, got {count}")
+        chat_template = _chat_template(args.chat_template)
         for flag, value in (("--drain-timeout", args.drain_timeout),
                             ("--header-timeout", args.header_timeout),
                             ("--stream-stall-timeout", args.stream_stall_timeout),
+                            ("--chat-template-timeout", args.chat_template_timeout),
                             ("--engine-step-timeout", args.engine_step_timeout)):
             if not value > 0:
                 raise ValueError(f"{flag} must be > 0 seconds, got {value}")
@@ -235,7 +262,11 @@ def main(argv: list[str] | None = None) -> None:
                               metrics_prefix=args.metrics_prefix,
                               max_request_bytes=args.max_request_bytes,
                               drain_timeout_s=args.drain_timeout,
-                              engine_step_timeout_s=args.engine_step_timeout)
+                              engine_step_timeout_s=args.engine_step_timeout,
+                              chat_template=chat_template,
+                              template_limits=templates.TemplateLimits(
+                                  args.chat_template_timeout, args.chat_template_max_bytes,
+                                  args.chat_template_workers))
     app = build_app(config, settings)
     serve(app, app.state.lifecycle, host=args.host, port=args.port, log_level=args.log_level,
           header_timeout_s=args.header_timeout)

@@ -11,6 +11,7 @@ from fastapi import Request
 
 from engine import AsyncEngine
 from server.errors import SERVER_ERROR, APIError
+from server.templates import ChatTemplates, TemplateLimits
 
 DEFAULT_MAX_QUEUE = 256
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
@@ -32,6 +33,8 @@ class ServerSettings:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S  # in-flight requests' time after SIGTERM
     engine_step_timeout_s: float = DEFAULT_ENGINE_STEP_TIMEOUT_S  # a longer step fails /health
+    chat_template: str | None = None  # replaces the model's own (--chat-template)
+    template_limits: TemplateLimits = TemplateLimits()
 
 
 class Admission:
@@ -98,6 +101,7 @@ class ServerContext:
     admission: Admission
     created: int = field(default_factory=lambda: int(time.time()))
     server_metrics: object | None = None  # server.metrics.ServerMetrics, once serving
+    templates: ChatTemplates | None = None  # None: the model has no chat template
 
     @property
     def max_model_len(self) -> int:

@@ -3,8 +3,9 @@ balancer) asks about them.
 
 - Liveness (`GET /health`): the engine has loaded, its loop thread runs, and no engine step has run
   longer than `--engine-step-timeout`. A draining replica is alive: draining never fails it.
-- Readiness (`GET /ready`): live, warmed up (one real engine step has run), not draining, and
-  fewer than `--max-queue` requests waiting for their first token.
+- Readiness (`GET /ready`): live, warmed up (one real engine step has run), not draining,
+  fewer than `--max-queue` requests waiting for their first token, and no request waiting for a
+  chat-template renderer (all of them taken: a template spinning until its time limit).
 - Drain (the first SIGTERM or SIGINT): admission closes (503 `server_draining` with
   `Retry-After`) and `/ready` turns 503; responses in flight get `--drain-timeout` seconds to
   finish; what is left is aborted, so each stream ends with a chunk whose `finish_reason` is
@@ -108,6 +109,8 @@ class Lifecycle:
             return Probe("warming_up")
         if self.context.admission.is_full:
             return Probe("queue_full")
+        if self.context.templates is not None and self.context.templates.saturated:
+            return Probe("chat_template_busy")
         return Probe("ok", ok=True)
 
     # ------------------------------------------------------------------- drain
@@ -121,6 +124,8 @@ class Lifecycle:
         admission = context.admission
         self.draining = True
         admission.close()
+        if context.templates is not None:  # a spinning rendering must not hold the drain up
+            await context.templates.close()
         timeout = self.settings.drain_timeout_s
         logger.info("draining: %d responses in flight get up to %.0f s; a second SIGTERM or "
                     "SIGINT exits at once", len(admission.in_flight), timeout)
