@@ -7,6 +7,14 @@ from dataclasses import dataclass
 from engine.grammar.constraint import Constraint
 
 MAX_LOGPROBS = 20
+# Below this temperature a request is greedy, as in vLLM: dividing logits by it overflows float32
+# (1e-300 even rounds to 0), and the law it tends to is the argmax.
+GREEDY_BELOW = 1e-5
+# Temperatures and repetition penalties are held in this range. Outside it float32 arithmetic
+# overflows to inf and NaN (inf / inf, 0 * inf), and sampling returns noise; inside it logits
+# up to 1e7 stay finite, and the law is already its limit to float32 precision: uniform over
+# the allowed tokens for a huge temperature, all mass on the seen tokens for a tiny penalty.
+FLOAT32_SAFE = (1e-30, 1e30)
 
 
 @dataclass(frozen=True)
@@ -17,6 +25,9 @@ class SamplingParams:
     frequency penalties apply to generated tokens (OpenAI), the repetition penalty to prompt and
     generated tokens (Hugging Face / vLLM). `logprobs` is the number of top alternatives to report
     beside the chosen token's own log-probability (None: no logprobs at all).
+
+    A temperature below GREEDY_BELOW is stored as 0 (greedy); temperatures and repetition
+    penalties beyond FLOAT32_SAFE are held at its ends (see there why).
     """
 
     max_tokens: int = 16
@@ -62,6 +73,11 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        low, high = FLOAT32_SAFE
+        temperature = 0.0 if self.temperature < GREEDY_BELOW else min(self.temperature, high)
+        object.__setattr__(self, "temperature", temperature)
+        object.__setattr__(self, "repetition_penalty",
+                           min(max(self.repetition_penalty, low), high))
 
     @property
     def greedy(self) -> bool:

@@ -29,6 +29,9 @@ from server.streaming import DONE, error_event, event
 from server.structured import prepare_constraint
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
+# About what one echoed prompt token adds to `logprobs` (its text, a null logprob, a null
+# top_logprobs entry and its offset, in JSON).
+ECHO_LOGPROB_BYTES = 32
 
 
 @router.post("/v1/completions")
@@ -43,6 +46,13 @@ async def create_completion(request: Request, context: ServerContext = Depends(g
     context.admission.check_size(num_prompts * body.n, f"{num_prompts} prompts x n={body.n}")
     tokenizer = context.engine.tokenizer
     prompts = await asyncio.to_thread(_tokenize, tokenizer, body.prompt)
+    if body.echo:
+        echoed = await asyncio.to_thread(_echo_bytes, tokenizer, prompts, body)
+        if echoed > context.settings.max_request_bytes:
+            raise bad_request(
+                f"echo would send back {echoed} bytes of prompt ({body.n} copies of each); the "
+                f"server echoes at most {context.settings.max_request_bytes}, as much as it "
+                "takes in (--max-request-bytes): ask with a smaller n, or without echo", "echo")
     requested = requested_max_tokens(body)  # None: the default for this endpoint
     structured = await prepare_constraint(context, body)
     params = [sampling_params(context, body, prompt, requested, body.logprobs, structured)
@@ -50,6 +60,16 @@ async def create_completion(request: Request, context: ServerContext = Depends(g
     choices = plan_choices(context, prompts, params, body.n)
     response = _Response(context, body, prompts, choices)
     return await respond(request, context, response, choices, body.stream)
+
+
+def _echo_bytes(tokenizer, prompts: list[Prompt], body: CompletionRequest) -> int:
+    """What echo adds to the response: each prompt's text, and with logprobs an entry per
+    prompt token, in every one of its n choices. Unbounded, a short request of token ids
+    could ask for hundreds of times its size back."""
+    per_choice = sum(len(p.echo_text(tokenizer).encode())
+                     + (ECHO_LOGPROB_BYTES * len(p.token_ids) if body.logprobs is not None else 0)
+                     for p in prompts)
+    return per_choice * body.n
 
 
 def _num_prompts(prompt) -> int:

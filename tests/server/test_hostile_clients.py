@@ -130,6 +130,40 @@ def test_huge_integers_and_best_of_are_400s(hostile):
                                               "max_tokens": 1}).status_code == 200
 
 
+def test_echo_cannot_multiply_a_small_request_into_a_huge_response(hostile):
+    """1,000 ids of an 81-byte token: 6 KB in. With n=64 echo would send 5.2 MB of prompt back,
+    more than the 4 MiB the server takes in; n=8 (650 KB) is served."""
+    long_token = 46778  # the default tokenizer's longest, 81 bytes
+    body = {"prompt": [long_token] * 1000, "echo": True, "max_tokens": 1}
+    request_bytes = len(json.dumps(body))
+    error = assert_error(_post(hostile, "/v1/completions", {**body, "n": 64}), 400,
+                         param="echo")
+    assert "--max-request-bytes" in error["message"]
+    served = _post(hostile, "/v1/completions", {**body, "n": 8})
+    assert served.status_code == 200, served.text
+    assert all(len(c["text"].encode()) >= 81_000 for c in served.json()["choices"])
+    assert len(served.content) < 200 * request_bytes  # bounded, and not the 860x asked above
+    # With logprobs every echoed token adds an entry, and they count: n=40 is 3.2 MB of text
+    # (served) but 4.5 MB with the entries (refused).
+    assert _post(hostile, "/v1/completions", {**body, "n": 40}).status_code == 200
+    with_logprobs = _post(hostile, "/v1/completions", {**body, "n": 40, "logprobs": 0})
+    assert_error(with_logprobs, 400, param="echo")
+
+
+@pytest.mark.parametrize("field", ["temperature", "repetition_penalty"])
+def test_extreme_floats_are_their_limits_not_noise(hostile, field):
+    """1e-300 used to turn into 0 in float32 and the output into noise (empty text, say)."""
+    prompt = {"prompt": "The quick brown fox", "max_tokens": 8, "seed": 1}
+    tiny = _post(hostile, "/v1/completions", {**prompt, field: 1e-300, "temperature": 0}
+                 if field == "repetition_penalty" else {**prompt, field: 1e-300})
+    limit = _post(hostile, "/v1/completions", {**prompt, "repetition_penalty": 1e-30,
+                                               "temperature": 0}
+                  if field == "repetition_penalty" else {**prompt, "temperature": 0})
+    assert tiny.status_code == limit.status_code == 200
+    assert tiny.json()["choices"][0]["text"] == limit.json()["choices"][0]["text"]
+    assert tiny.json()["usage"]["completion_tokens"] == 8
+
+
 def test_a_body_that_is_not_json_is_a_415(hostile):
     body = json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 1})
     for content_type in ("text/plain", "application/x-www-form-urlencoded"):
