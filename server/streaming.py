@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextvars import ContextVar
 
 from pydantic import BaseModel
 from starlette.responses import StreamingResponse
@@ -19,6 +20,22 @@ from server.errors import SERVER_ERROR, APIError, from_value_error
 logger = logging.getLogger(__name__)
 
 DONE = "data: [DONE]\n\n"
+# Set in the request's own task when its stream was aborted for a stalled client; uvicorn reads
+# the app's return in that same task.
+_stalled: ContextVar[bool] = ContextVar("stream_stalled", default=False)
+
+
+class StalledStreamFilter(logging.Filter):
+    """uvicorn closes the connection of a response that did not complete, which is what a stall
+    abort wants, and logs it as an error; for a stall that was already logged, the line is
+    dropped. Any other incomplete response still logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_stalled.get() and record.getMessage().startswith(
+            "ASGI callable returned without completing response"))
+
+
+logging.getLogger("uvicorn.error").addFilter(StalledStreamFilter())
 
 
 def event(chunk: BaseModel, with_usage: bool = True) -> str:
@@ -65,6 +82,7 @@ class EventStreamResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send_unless_stalled)
         except TimeoutError:
+            _stalled.set(True)
             logger.info("stream aborted: its client read nothing for %g s",
                         self._stall_timeout_s)
         finally:
