@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from engine.async_engine import EngineDeadError
 from engine.sampling_params import SamplingParams
@@ -44,6 +45,13 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+
+
+def client_gone() -> APIError:
+    """What a route returns to a client that is no longer there (nobody reads it). 499 is
+    nginx's "client closed request": the HTTP counter then tells clients that left apart from
+    the server's own failures."""
+    return APIError(499, "client disconnected")
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -143,6 +151,13 @@ def install_error_handlers(app: FastAPI) -> None:
         message = error.detail if error.status_code != 404 else \
             f"Invalid URL ({request.method} {request.url.path})"
         return APIError(error.status_code, str(message), headers=error.headers).response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_disconnected(_request, _error: ClientDisconnect):
+        # Starlette raises it when the client leaves before its body is complete. Without this
+        # handler it reached the catch-all below: a logged traceback and a 500 counted against
+        # the server for what the client did (issue 29).
+        return client_gone().response()
 
     @app.exception_handler(EngineDeadError)
     async def engine_dead(_request, error: EngineDeadError):

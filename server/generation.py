@@ -21,7 +21,7 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.stats import SpecStats
 from server.context import ServerContext
-from server.errors import APIError, bad_request
+from server.errors import bad_request, client_gone
 from server.protocol import SamplingFields, SpeculativeUsage, Usage
 from server.streaming import EventStreamResponse
 
@@ -239,11 +239,6 @@ def requested_max_tokens(body: SamplingFields) -> int | None:
     if body.max_completion_tokens is not None:
         return body.max_completion_tokens
     return body.max_tokens
-
-
-def client_gone() -> APIError:
-    """What a route returns to a client that is no longer there (nobody reads it)."""
-    return APIError(499, "client disconnected")
 
 
 def build_usage(prompts: list[Prompt], finals: list[RequestOutput]) -> Usage:
