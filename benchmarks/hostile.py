@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import random
 import resource
 import socket
@@ -97,8 +98,9 @@ def amplification(url: str, phases: int, phase_s: float, attack_rate: float) -> 
             "normal_requests": {k: len(v) for k, v in normal.items()}}
 
 
-async def _leave(client: httpx.AsyncClient, url: str, rng: random.Random) -> None:
-    """One client that hangs up after a random delay: streamed or not, chat or completions."""
+async def _leave(client: httpx.AsyncClient, url: str, rng: random.Random) -> bool:
+    """One client that hangs up after a random delay: streamed or not, chat or completions.
+    False when its response was whole before the delay ran out."""
     body = {"max_tokens": 200, "ignore_eos": True, "n": rng.choice([1, 2]),
             "stream": rng.random() < 0.5}
     if rng.random() < 0.5:
@@ -112,20 +114,21 @@ async def _leave(client: httpx.AsyncClient, url: str, rng: random.Random) -> Non
                 async for _ in response.aiter_bytes():
                     pass
     except TimeoutError:
-        pass  # the client left: its connection was closed
+        return True  # the client left: its connection was closed
+    return False
 
 
 async def disconnects(url: str, count: int, concurrency: int) -> dict:
     rng = random.Random(0)
     slots = asyncio.Semaphore(concurrency)
 
-    async def one(client):
+    async def one(client) -> bool:
         async with slots:
-            await _leave(client, url, rng)
+            return await _leave(client, url, rng)
 
     started = time.perf_counter()
     async with httpx.AsyncClient(timeout=60) as client:
-        await asyncio.gather(*(one(client) for _ in range(count)))
+        left = sum(await asyncio.gather(*(one(client) for _ in range(count))))
         elapsed = time.perf_counter() - started
         deadline = time.monotonic() + 30
         while True:
@@ -133,27 +136,43 @@ async def disconnects(url: str, count: int, concurrency: int) -> dict:
             if state.get("kv_cache_usage_perc", 1) == 0 or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.1)
-    return {"disconnects": count, "concurrency": concurrency, "seconds": round(elapsed, 1),
+    return {"clients": count, "left_before_the_end": left, "concurrency": concurrency, "seconds": round(elapsed, 1),
             "kv_cache_usage_after": state.get("kv_cache_usage_perc"),
             "requests_running_after": state.get("num_requests_running")}
 
 
-def flood(url: str, host: str, port: int, count: int, pid: int, log: Path) -> dict:
-    """`count` sockets that connect and send nothing; then /health, timed."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:  # the flood's own sockets; as root the hard limit can rise too
-        resource.setrlimit(resource.RLIMIT_NOFILE, (count + 1024, max(hard, count + 1024)))
-    except (ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    rss_before, log_before = rss_kib(pid), log.stat().st_size
+def _hold_sockets(host: str, port: int, count: int, ready, release) -> None:
+    """In a child process (one process may hold fewer descriptors than the flood needs):
+    `count` non-blocking connects that never send a byte, held until `release` is set."""
     sockets = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex((host, port))
+        sockets.append(sock)
+    ready.set()
+    release.wait()
+
+
+def flood(url: str, host: str, port: int, count: int, pid: int, log: Path) -> dict:
+    """`count` sockets that connect and send nothing, from as many child processes as the
+    descriptor limit asks; then /health, timed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    per_process = max(1, hard - 512)
+    context = multiprocessing.get_context("fork")  # no threads are left at this point
+    release = context.Event()
+    rss_before, log_before = rss_kib(pid), log.stat().st_size
     started = time.monotonic()
+    holders, readies = [], []
+    for first in range(0, count, per_process):
+        ready = context.Event()
+        holders.append(context.Process(target=_hold_sockets, daemon=True, args=(
+            host, port, min(per_process, count - first), ready, release)))
+        readies.append(ready)
+        holders[-1].start()
     try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.setblocking(False)
-            sock.connect_ex((host, port))
-            sockets.append(sock)
+        for ready in readies:
+            ready.wait(timeout=120)
         opened_s = time.monotonic() - started
         health_started = time.monotonic()
         status = None
@@ -165,12 +184,15 @@ def flood(url: str, host: str, port: int, count: int, pid: int, log: Path) -> di
         health_s = time.monotonic() - health_started
         rss_during = rss_kib(pid)
     finally:
-        for sock in sockets:
-            sock.close()
-    return {"sockets": len(sockets), "opened_in_s": round(opened_s, 2),
+        release.set()
+        for holder in holders:
+            holder.join(timeout=30)
+    return {"sockets": count, "client_processes": len(holders),
+            "opened_in_s": round(opened_s, 2),
             "health_answered_in_s": round(health_s, 2), "health_status": status,
             "rss_growth_mb": round((rss_during - rss_before) / 1024, 1),
             "log_growth_bytes": log.stat().st_size - log_before,
+            "accept_error_lines": log.read_text(errors="replace").count("accept errors so far"),
             "server_file_limit": _logged_file_limit(log)}
 
 
