@@ -12,7 +12,6 @@ import time
 
 import httpx
 import pytest
-import torch
 
 from tests.server.conftest import assert_error
 from tests.conftest import make_tiny_model
@@ -175,19 +174,6 @@ def test_a_body_that_is_not_json_is_a_415(hostile):
         response = httpx.post(f"{hostile.base_url}/v1/completions", content=body, timeout=30,
                               headers=headers)
         assert response.status_code == 200, response.text
-
-
-def test_position_tables_follow_max_model_len(tmp_path):
-    from engine.models.loader import load_model
-
-    make_tiny_model(tmp_path, max_position_embeddings=1_000_000)
-    capped = load_model(str(tmp_path), torch.device("cpu"), torch.float32, with_tokenizer=False,
-                        max_model_len=256).model
-    assert capped.rotary.cos.shape[0] == 256
-    # Negative control: without a limit the table follows the file.
-    assert load_model(str(tmp_path), torch.device("cpu"), torch.float32, with_tokenizer=False
-                      ).model.rotary.cos.shape[0] == 1_000_000
-
 
 
 def test_an_idle_socket_flood_is_shed(tmp_path, tiny_chat_model_folder):

@@ -11,7 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+import torch
 
+from tests.conftest import make_tiny_model
 from tests.servers import running_server
 
 HOSTILE_CONTEXT = 2**32 - 1
@@ -89,3 +91,15 @@ def test_a_gguf_claiming_a_huge_context_costs_no_more_memory(hostile_gguf):
     # Within 10%, plus 30 MB for what differs between two starts of one model: the allocator's
     # arenas and the pages the warm-up happens to touch.
     assert hostile_rss <= default_rss * 1.10 + 30, (hostile_rss, default_rss)
+
+
+def test_position_tables_follow_max_model_len(tmp_path):
+    from engine.models.loader import load_model
+
+    make_tiny_model(tmp_path, max_position_embeddings=1_000_000)
+    capped = load_model(str(tmp_path), torch.device("cpu"), torch.float32, with_tokenizer=False,
+                        max_model_len=256).model
+    assert capped.rotary.cos.shape[0] == 256
+    # Negative control: without a limit the table follows the file.
+    assert load_model(str(tmp_path), torch.device("cpu"), torch.float32, with_tokenizer=False
+                      ).model.rotary.cos.shape[0] == 1_000_000
