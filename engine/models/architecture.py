@@ -1,7 +1,8 @@
 """The shape of a Llama-family decoder, read from a Hugging Face config.
 
-One dataclass covers Llama 2/3, Mistral, Qwen2 and SmolLM2: they differ only in biases, rotary
-scaling, head counts and whether the LM head shares the embedding matrix.
+One dataclass covers Llama 2/3, Mistral, Qwen2, Qwen3 (dense) and SmolLM2: they differ only in
+biases, per-head query/key norms (Qwen3), rotary scaling, head counts and whether the LM head
+shares the embedding matrix.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class LlamaArchitecture:
     qkv_bias: bool  # Qwen2, or Llama with attention_bias
     o_bias: bool  # Llama with attention_bias
     mlp_bias: bool
+    qk_norm: bool  # Qwen3: an RMSNorm over each head's query and key, before the rotation
     rope_theta: float
     rope_scaling: dict | None  # {"rope_type": "llama3" | "linear", ...}; None: plain RoPE
 
@@ -51,6 +53,9 @@ class LlamaArchitecture:
         rope_type = rope_params.get("rope_type") or rope_params.get("type") or "default"
         if rope_type not in ("default", "llama3", "linear"):
             raise ValueError(f"unsupported rope scaling {rope_type!r} (supported: llama3, linear)")
+        if model_type == "qwen3" and getattr(config, "use_sliding_window", False):
+            raise ValueError("qwen3 with use_sliding_window is not supported: no sliding-window "
+                             "attention here yet")
         max_positions = config.max_position_embeddings
         sliding_window = getattr(config, "sliding_window", None)
         if model_type == "mistral" and sliding_window:
@@ -70,6 +75,7 @@ class LlamaArchitecture:
             qkv_bias=attention_bias or model_type == "qwen2",
             o_bias=attention_bias,
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
             rope_theta=float(rope_theta),
             rope_scaling=None if rope_type == "default" else {**rope_params, "rope_type": rope_type},
         )

@@ -1,4 +1,4 @@
-"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) on a paged KV cache.
+"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3 dense, SmolLM2) on a paged KV cache.
 
 Projections are fused (q/k/v into one matrix, gate/up into another) so a layer runs four matmuls
 where transformers runs seven. `forward` can run any subset of the layers and still apply the final
@@ -35,14 +35,21 @@ class Attention(nn.Module):
         self.split_sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = Linear(arch.hidden_size, q_size + 2 * kv_size, bias=arch.qkv_bias)
         self.o_proj = Linear(q_size, arch.hidden_size, bias=arch.o_bias)
+        if arch.qk_norm:
+            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
+            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
+        self.qk_norm = arch.qk_norm
         self.backend = "torch"  # of decode/verify attention (engine/attention/)
 
     def forward(self, x, rope: RotaryStep, k_cache, v_cache, meta: AttentionMetadata):
         qk, v = self.qkv_proj(x).split([self.split_sizes[0] + self.split_sizes[1],
                                         self.split_sizes[2]], dim=-1)
+        qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+        if self.qk_norm:  # each head's query and key normalised before the rotation
+            qk = torch.cat([self.q_norm(qk[:, :self.num_heads]),
+                            self.k_norm(qk[:, self.num_heads:])], dim=1)
         # Queries and keys sit side by side in the projection: one rotation covers both.
-        qk = rope.rotate(qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim),
-                         self.num_heads)
+        qk = rope.rotate(qk, self.num_heads)
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.backend)
@@ -86,7 +93,8 @@ class DecoderLayer(nn.Module):
             projections = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
             single = all(p.gguf is not None and len(p.gguf.parts) == 1 for p in projections)
             self._fused_weights = None
-            if single and mlp.gate_up_proj.bias is None and mlp.down_proj.bias is None:
+            if single and mlp.gate_up_proj.bias is None and mlp.down_proj.bias is None \
+                    and not attn.qk_norm:  # the fused layer has no per-head norms
                 (qkv,), (o,), (gate_up,), (down,) = (p.gguf.parts for p in projections)
                 self._fused_weights = (
                     self.input_layernorm.weight.detach(),

@@ -23,6 +23,8 @@ FAMILIES = {
         "original_max_position_embeddings": 64}, "rope_theta": 500000.0}),
     "qwen2-qkv-bias": ("qwen2", {"tie_word_embeddings": True}),
     "mistral": ("mistral", {"sliding_window": None}),
+    # Per-head q/k norms, and a head_dim that is not hidden_size / num_heads (64 / 4).
+    "qwen3-qk-norm": ("qwen3", {"tie_word_embeddings": True, "head_dim": 32}),
     "mha-no-gqa": ("llama", {"num_key_value_heads": 4}),
 }
 
