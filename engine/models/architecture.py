@@ -51,8 +51,12 @@ class LlamaArchitecture:
             rope_params.update(legacy_scaling)
         rope_theta = rope_params.pop("rope_theta", None) or getattr(config, "rope_theta", 10000.0)
         rope_type = rope_params.get("rope_type") or rope_params.get("type") or "default"
-        if rope_type not in ("default", "llama3", "linear"):
-            raise ValueError(f"unsupported rope scaling {rope_type!r} (supported: llama3, linear)")
+        if rope_type not in ("default", "llama3", "linear", "yarn"):
+            raise ValueError(f"unsupported rope scaling {rope_type!r} (supported: llama3, linear, "
+                             "yarn)")
+        if rope_type == "yarn":  # the pretrained context, where it is not written down
+            rope_params.setdefault("original_max_position_embeddings",
+                                   config.max_position_embeddings)
         if model_type == "qwen3" and getattr(config, "use_sliding_window", False):
             raise ValueError("qwen3 with use_sliding_window is not supported: no sliding-window "
                              "attention here yet")
@@ -88,7 +92,50 @@ class LlamaArchitecture:
             return inv_freq
         if scaling["rope_type"] == "linear":
             return inv_freq / scaling["factor"]
+        if scaling["rope_type"] == "yarn":
+            return _yarn_inv_freq(inv_freq, scaling, self.head_dim, self.rope_theta)
         return _llama3_inv_freq(inv_freq, scaling)
+
+    def rope_attention_factor(self) -> float:
+        """What YaRN multiplies cos and sin by (so every attention logit by its square): it
+        keeps attention's temperature as the context stretches. 1 for other ropes."""
+        scaling = self.rope_scaling
+        if scaling is None or scaling["rope_type"] != "yarn":
+            return 1.0
+        if scaling.get("attention_factor") is not None:
+            return float(scaling["attention_factor"])
+        factor = scaling["factor"]
+        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if mscale and mscale_all_dim:  # DeepSeek's form: a ratio of two such terms
+            return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        return _yarn_mscale(factor)
+
+
+def _yarn_mscale(factor: float, weight: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
+
+
+def _yarn_inv_freq(inv_freq: torch.Tensor, scaling: dict, head_dim: int,
+                   theta: float) -> torch.Tensor:
+    """YaRN ("NTK-by-parts"): dimensions that turn many times within the pretrained context keep
+    their frequency, those that turn less than once are interpolated by `factor`, and a linear
+    ramp over the dimensions between blends the two."""
+    factor = scaling["factor"]
+    original = scaling["original_max_position_embeddings"]
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dimension_turning(times: float) -> float:  # the dimension with `times` turns
+        return head_dim * math.log(original / (times * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension_turning(fast), dimension_turning(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if high == low:
+        high += 0.001  # a ramp of zero width would divide by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:

@@ -115,8 +115,9 @@ class RotaryEmbedding(nn.Module):
         positions = torch.arange(arch.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(positions, arch.rope_inv_freq())  # [max_pos, head_dim // 2]
         angles = torch.cat([freqs, freqs], dim=-1)  # [max_pos, head_dim]
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        scale = arch.rope_attention_factor()
+        self.register_buffer("cos", angles.cos() * scale, persistent=False)
+        self.register_buffer("sin", angles.sin() * scale, persistent=False)
         # sin with its first half negated: rotate_half(x) * sin == x.roll(D/2) * sin_rolled,
         # one roll instead of a negation and a concatenation.
         half = arch.head_dim // 2

@@ -22,6 +22,10 @@ FAMILIES = {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}, "rope_theta": 500000.0}),
     "qwen2-qkv-bias": ("qwen2", {"tie_word_embeddings": True}),
+    # Qwen2.5's long-context setting: the 40 test tokens run past the 16-token pretrained
+    # context, where YaRN's blend and its attention factor both matter.
+    "qwen2-yarn": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                              "original_max_position_embeddings": 16}}),
     "mistral": ("mistral", {"sliding_window": None}),
     # Per-head q/k norms, and a head_dim that is not hidden_size / num_heads (64 / 4).
     "qwen3-qk-norm": ("qwen3", {"tie_word_embeddings": True, "head_dim": 32}),
