@@ -1,8 +1,9 @@
 """The shape of a Llama-family decoder, read from a Hugging Face config.
 
-One dataclass covers Llama 2/3, Mistral, Qwen2, Qwen3 (dense) and SmolLM2: they differ only in
-biases, per-head query/key norms (Qwen3), rotary scaling, head counts and whether the LM head
-shares the embedding matrix.
+One dataclass covers Llama 2/3, Mistral, Qwen2, Qwen3 (dense), Phi-3 and SmolLM2: they differ
+only in biases, per-head query/key norms (Qwen3), rotary scaling, head counts and whether the LM
+head shares the embedding matrix (Phi-3's checkpoints store q/k/v and gate/up already fused,
+which the loader takes as they are).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,14 @@ class LlamaArchitecture:
         if model_type == "qwen3" and getattr(config, "use_sliding_window", False):
             raise ValueError("qwen3 with use_sliding_window is not supported: no sliding-window "
                              "attention here yet")
+        partial_rotary = rope_params.pop("partial_rotary_factor", None) or getattr(
+            config, "partial_rotary_factor", 1.0)
+        if partial_rotary != 1.0:
+            raise ValueError(f"partial rotary embeddings (partial_rotary_factor {partial_rotary}) "
+                             "are not supported")
         max_positions = config.max_position_embeddings
         sliding_window = getattr(config, "sliding_window", None)
-        if model_type == "mistral" and sliding_window:
+        if model_type in ("mistral", "phi3") and sliding_window:
             # No sliding-window attention here: stay inside the window, where it is exact.
             max_positions = min(max_positions, sliding_window)
         return cls(

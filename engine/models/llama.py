@@ -1,4 +1,5 @@
-"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3 dense, SmolLM2) on a paged KV cache.
+"""A Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3 dense, Phi-3, SmolLM2) on a paged KV
+cache.
 
 Projections are fused (q/k/v into one matrix, gate/up into another) so a layer runs four matmuls
 where transformers runs seven. `forward` can run any subset of the layers and still apply the final
@@ -212,7 +213,10 @@ class LlamaForCausalLM(nn.Module):
                     tensor = tensor.dequantize()
                 with torch.no_grad():
                     getattr(module, param_name).copy_(tensor)
-            filled.add(f"{module_name}.{param_name}{part}")
+            # A checkpoint that stores a fused projection whole (Phi-3's qkv_proj and
+            # gate_up_proj) fills every part of it at once.
+            parts = [part] if part else _parts_of(f"{module_name}.{param_name}")
+            filled.update(f"{module_name}.{param_name}{p}" for p in parts)
         expected = {f"{n}{part}" for n, _ in self.named_parameters() for part in _parts_of(n)}
         missing = sorted(expected - filled)
         if missing:

@@ -27,6 +27,8 @@ FAMILIES = {
     "qwen2-yarn": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                               "original_max_position_embeddings": 16}}),
     "mistral": ("mistral", {"sliding_window": None}),
+    # qkv_proj and gate_up_proj stored whole; its default special ids lie past a tiny vocabulary
+    "phi3-fused-checkpoint": ("phi3", {"pad_token_id": 0, "eos_token_id": 2, "bos_token_id": 1}),
     # Per-head q/k norms, and a head_dim that is not hidden_size / num_heads (64 / 4).
     "qwen3-qk-norm": ("qwen3", {"tie_word_embeddings": True, "head_dim": 32}),
     "mha-no-gqa": ("llama", {"num_key_value_heads": 4}),
