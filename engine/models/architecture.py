@@ -31,9 +31,11 @@ class LlamaArchitecture:
     qkv_bias: bool  # Qwen2, or Llama with attention_bias
     o_bias: bool  # Llama with attention_bias
     mlp_bias: bool
-    qk_norm: bool  # Qwen3: an RMSNorm over each head's query and key, before the rotation
     rope_theta: float
-    rope_scaling: dict | None  # {"rope_type": "llama3" | "linear", ...}; None: plain RoPE
+    rope_scaling: dict | None  # {"rope_type": "llama3" | "linear" | "yarn", ...}; None: plain RoPE
+    # Qwen3: an RMSNorm over each head's query and key, before the rotation. Defaulted: EAGLE
+    # heads saved before it existed describe their target without it.
+    qk_norm: bool = False
 
     @classmethod
     def from_hf_config(cls, config) -> "LlamaArchitecture":
