@@ -11,6 +11,7 @@ from engine.attention.metadata import build_attention_metadata
 from engine.models.llama import LlamaForCausalLM
 from engine.request import Request
 from engine.sampler import (
+    argmax_rows,
     build_sampling_batch,
     choose_tokens,
     process_logits,
@@ -104,7 +105,7 @@ def sample_drafts(logits: torch.Tensor, requests, drafts_so_far, device: torch.d
         logits.shape[-1], device, generator, seed_offset=DRAFT_SEED_OFFSET,
     )
     if batch.all_greedy:
-        return logits.argmax(dim=-1).tolist(), [None] * len(requests)
+        return argmax_rows(logits).tolist(), [None] * len(requests)
     processed = process_logits(logits, batch)
     picks = choose_tokens(processed, batch).tolist()
     probs = target_probs(processed, batch)

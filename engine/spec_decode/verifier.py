@@ -20,6 +20,7 @@ from engine.device import copy_to_device
 from engine.grammar.masks import build_bitmask, unpack_bitmask
 from engine.sampler import (
     SamplingBatch,
+    argmax_rows,
     build_sampling_batch,
     choose_tokens,
     exponential_,
@@ -127,11 +128,11 @@ def _verify_sampled_drafts(probs_all: torch.Tensor, batch: SamplingBatch,
         target_probs=target, draft_token_ids=drafts_t, num_drafts=num_drafts,
         draft_probs=draft_probs, uniforms=uniforms,
         greedy=torch.zeros(len(seqs), dtype=torch.bool, device=device),
-        target_argmax=target.argmax(dim=-1),
+        target_argmax=argmax_rows(target),
     )
     noise = torch.ones_like(target)  # positions past a sequence's own drafts are never chosen
     for i, gens in enumerate(generators):
         exponential_(noise[i, :len(gens)], gens)
     chosen_noise = noise.gather(1, out.num_accepted.view(-1, 1, 1).expand(-1, 1, noise.shape[-1]))
-    next_tokens = (out.next_token_probs / chosen_noise.squeeze(1)).argmax(dim=-1)
+    next_tokens = argmax_rows(out.next_token_probs / chosen_noise.squeeze(1))
     return out.num_accepted, next_tokens

@@ -49,11 +49,16 @@ def test_repacking_is_a_permutation_of_the_gguf_bytes(ggml_type):
 
 
 @needs_kernel
-def test_activation_quantization_matches_the_reference():
+@pytest.mark.parametrize("isa", VARIANTS)
+def test_activation_quantization_matches_the_reference(isa):
     x = activations(5) * 3
-    x[1, 40] = 2.5 * x[1, 32:64].abs().max() / 127  # ties at .5 round to even in both
-    for ours, reference in zip(kernel.int8_quantize_rows(x), int8.quantize_rows(x)):
+    x[1, 40] = 2.5 * x[1, 32:64].abs().max() / 127
+    # A block whose max is 127 quantizes with inverse 1: exact ties at .5 round to even.
+    x[2, 64:96] = torch.tensor([127.0, -127.0, 2.5, 3.5, -2.5, -3.5, 0.5, -0.5] * 4)
+    for ours, reference in zip(kernel.int8_quantize_rows(x, isa), int8.quantize_rows(x)):
         assert torch.equal(ours, reference)
+    q = kernel.int8_quantize_rows(x, isa)[0]
+    assert q[2, 64:72].tolist() == [127, -127, 2, 4, -2, -4, 0, 0]
 
 
 @needs_kernel

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "vec_ops.h"
@@ -21,6 +22,10 @@ void check_float_rows(const torch::Tensor& t, const char* name) {
     TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
                 name, " must be a contiguous CPU float32 tensor");
 }
+
+// Multiply-adds of attention (query rows x heads x keys x head_dim) below which one thread does
+// it all: about 10 us of work at batch 1, less than the other thread's share would save.
+constexpr int64_t kParallelAttentionWork = 1 << 16;
 
 }  // namespace
 
@@ -56,6 +61,22 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
     const VecOps ops = vec_ops();
     for (int64_t r = 0; r < rows; ++r)
         ops.silu_mul_row(gp + r * 2 * width, gp + r * 2 * width + width, op + r * width, width);
+    return out;
+}
+
+// [N, V] -> int64 [N]: torch.argmax(x, dim=-1), bitwise (ties to the first, NaN first).
+torch::Tensor argmax_rows(const torch::Tensor& x) {
+    TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() == 2 &&
+                    x.stride(1) == 1 && x.size(1) > 0,
+                "x must be a CPU float32 [N, V] tensor with unit column stride and V > 0");
+    const int64_t N = x.size(0), V = x.size(1), stride = x.stride(0);
+    auto out = torch::empty({N}, torch::kLong);
+    const float* xp = x.data_ptr<float>();
+    int64_t* op = out.data_ptr<int64_t>();
+    const VecOps ops = vec_ops();
+    at::parallel_for(0, N, 4, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) op[r] = ops.argmax_row(xp + r * stride, V);
+    });
     return out;
 }
 
@@ -127,26 +148,38 @@ void paged_attention_small(const torch::Tensor& q, const torch::Tensor& k_cache,
                         ctxs[s] <= max_blocks * block_size,
                     "attention metadata of request ", s, " does not fit its tensors");
     const VecOps ops = vec_ops();
-    // Waking the second thread costs tens of microseconds here: worth it only for enough work
-    // (query rows x keys), not for a batch-1 decode over a short context.
+    // Work items are (query row, head) pairs, each computed whole by one thread, so a row's
+    // result never depends on how the items were split. Splitting costs a few microseconds
+    // (more where the other thread sleeps): worth it only for enough multiply-adds.
+    std::vector<std::pair<int64_t, int64_t>> row_owner;  // (request, row within it)
+    std::vector<int64_t> slot_start(num_seqs + 1, 0), slots;  // each request's key slots
     int64_t work = 0;
-    for (int64_t s = 0; s < num_seqs; ++s) work += qlens[s] * ctxs[s] * group;
-    const int64_t items = num_seqs * num_kv_heads;
-    const int64_t grain = work < 32768 ? items : 1;
+    for (int64_t s = 0; s < num_seqs; ++s) {
+        for (int64_t r = 0; r < qlens[s]; ++r) row_owner.emplace_back(s, r);
+        work += qlens[s] * ctxs[s];
+        for (int64_t p = 0; p < ctxs[s]; p += block_size) {
+            const int64_t block = tables[s * max_blocks + p / block_size];
+            TORCH_CHECK(block >= 0 && block < k_cache.size(0), "block ", block, " out of range");
+            for (int64_t j = 0; j < block_size && p + j < ctxs[s]; ++j)
+                slots.push_back(block * block_size + j);
+        }
+        slot_start[s + 1] = (int64_t)slots.size();
+    }
+    const int64_t items = (int64_t)row_owner.size() * num_heads;
+    const int64_t grain = work * num_heads * D < kParallelAttentionWork ? items : 1;
     at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores;
+        thread_local std::vector<float> scores;
         for (int64_t item = begin; item < end; ++item) {
-            const int64_t s = item / num_kv_heads, kvh = item % num_kv_heads;
-            const int64_t q_len = qlens[s], ctx = ctxs[s];
-            scores.resize(group * ctx);
-            for (int64_t r = 0; r < q_len; ++r) {
-                const int64_t row = rows[s * max_q + r];
-                const int64_t h = kvh * group;  // the group's first query head
-                ops.attend_group(qp + (row * num_heads + h) * D, group, D, scale, kp + kvh * D,
-                                 vp + kvh * D, tables + s * max_blocks, block_size, slot_stride,
-                                 ctx - q_len + r + 1,  // the keys up to this row's position
-                                 scores.data(), op + (row * num_heads + h) * D);
-            }
+            const auto [s, r] = row_owner[item / num_heads];
+            const int64_t h = item % num_heads, kvh = h / group;
+            const int64_t row = rows[s * max_q + r];
+            const int64_t num_keys = ctxs[s] - qlens[s] + r + 1;  // up to this row's position
+            if ((int64_t)scores.size() < num_keys) scores.resize(num_keys);
+            const int64_t* request_slots = slots.data() + slot_start[s];
+            ops.attend_head(qp + (row * num_heads + h) * D, D, scale,
+                            PagedRows{kp + kvh * D, request_slots, slot_stride},
+                            PagedRows{vp + kvh * D, request_slots, slot_stride}, num_keys,
+                            scores.data(), op + (row * num_heads + h) * D);
         }
     });
 }
@@ -215,6 +248,8 @@ void register_cpu_ops(pybind11::module& m) {
     m.def("decoder_layer", &decoder_layer, py::call_guard<py::gil_scoped_release>(), "one fused decoder layer of a decode/verify step");
     m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "weight * x / rms(x)", py::arg("x"), py::arg("weight"),
           py::arg("eps"));
+    m.def("argmax_rows", &argmax_rows, py::call_guard<py::gil_scoped_release>(),
+          "torch.argmax(x, dim=-1) of a float32 [N, V] tensor", py::arg("x"));
     m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up of [T, 2I]", py::arg("gate_up"));
     m.def("rotary_", &rotary_, py::call_guard<py::gil_scoped_release>(), "rotary embedding in place on q and k", py::arg("q"),
           py::arg("k"), py::arg("cos"), py::arg("sin"), py::arg("positions"));

@@ -68,12 +68,14 @@ BlockFormat block_format(int64_t type) {
 #define GGUF_KERNEL_X86_SIMD 1
 namespace isa_avx512 {
 #include "gguf_kernels_impl.h"
+#include "vec_kernels_impl.h"
 }
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace isa_avx2 {
 #include "gguf_kernels_impl.h"
+#include "vec_kernels_impl.h"
 }
 #undef GGUF_KERNEL_X86_SIMD
 #pragma GCC pop_options
@@ -82,6 +84,7 @@ namespace isa_avx2 {
 
 namespace isa_generic {
 #include "gguf_kernels_impl.h"
+#include "vec_kernels_impl.h"
 }
 
 namespace {
@@ -255,10 +258,10 @@ torch::Tensor gguf_dequantize(const torch::Tensor& packed, int64_t type, int64_t
 VecOps vec_ops() {
     const int64_t isa = best_isa();
 #ifdef SPECSERVE_HAVE_X86_VARIANTS
-    if (isa == kAvx512) return {isa_avx512::attend_group, isa_avx512::silu_mul_row};
-    if (isa == kAvx2) return {isa_avx2::attend_group, isa_avx2::silu_mul_row};
+    if (isa == kAvx512) return {isa_avx512::attend_head, isa_avx512::silu_mul_row, isa_avx512::argmax_row};
+    if (isa == kAvx2) return {isa_avx2::attend_head, isa_avx2::silu_mul_row, isa_avx2::argmax_row};
 #endif
-    return {isa_generic::attend_group, isa_generic::silu_mul_row};
+    return {isa_generic::attend_head, isa_generic::silu_mul_row, isa_generic::argmax_row};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
@@ -94,45 +95,98 @@ int64_t resolve(int64_t isa) {
     return isa;
 }
 
+// Activation rows quantized per 32-value block (Int8Rows), in buffers a thread keeps from call
+// to call: a decode step quantizes ~120 activation rows, and allocating four tensors for each
+// cost more than the quantization.
 struct QuantizedRows {
-    torch::Tensor q, d, s, sum;
-    Int8Rows view() const {
-        return {q.data_ptr<int8_t>(), q.size(1), d.data_ptr<float>(), s.data_ptr<float>(),
-                sum.data_ptr<int32_t>()};
-    }
+    std::vector<int8_t> q;
+    std::vector<float> d, s;
+    std::vector<int32_t> sum;
+    int64_t K = 0;
+    Int8Rows view() const { return {q.data(), K, d.data(), s.data(), sum.data()}; }
 };
 
-// One implementation for every variant: the activations' int8 blocks are part of the result.
-QuantizedRows quantize_rows(const torch::Tensor& x) {
+// As llama.cpp's x86 quantize_row_q8_0/q8_1: the inverse is 127 / max, q rounds half to even,
+// and the block's scale (and Q8_1's scaled sum) are stored as fp16.
+static inline void finish_block(float amax, int32_t total, float* d, float* s) {
+    const float scale = amax / 127.0f;
+    *d = static_cast<float>(c10::Half(scale));
+    *s = static_cast<float>(c10::Half(scale * (float)total));
+}
+
+static inline float block_inverse(float amax) { return amax != 0.0f ? 127.0f / amax : 0.0f; }
+
+static void quantize_block_generic(const float* values, int8_t* q, float* d, float* s,
+                                   int32_t* sum) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(values[i]));
+    const float inverse = block_inverse(amax);
+    int32_t total = 0;
+    for (int i = 0; i < 32; ++i) {
+        // nearbyint rounds half to even in the default rounding mode, as torch.round.
+        const int32_t value = (int32_t)std::nearbyint(values[i] * inverse);
+        q[i] = (int8_t)value;
+        total += value;
+    }
+    *sum = total;
+    finish_block(amax, total, d, s);
+}
+
+#ifdef SPECSERVE_HAVE_INT8_X86
+// The same block in AVX2, bitwise: max is exact in any order, the product is one rounding, and
+// _MM_FROUND_TO_NEAREST_INT rounds half to even as nearbyint does (|q| <= 127: no saturation).
+__attribute__((target("avx2,fma,f16c"))) static void quantize_block_avx2(
+        const float* values, int8_t* q, float* d, float* s, int32_t* sum) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 v[4], vmax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(values + 8 * i);
+        vmax = _mm256_max_ps(_mm256_and_ps(v[i], magnitude), vmax);  // a NaN is skipped, as std::max
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float amax = _mm_cvtss_f32(m4);
+    const __m256 inverse = _mm256_set1_ps(block_inverse(amax));
+    __m256i ints[4];
+    for (int i = 0; i < 4; ++i)
+        ints[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], inverse),
+                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256i total8 = _mm256_add_epi32(_mm256_add_epi32(ints[0], ints[1]),
+                                            _mm256_add_epi32(ints[2], ints[3]));
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total8), _mm256_extracti128_si256(total8, 1));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
+    // packs work within 128-bit lanes: bytes come out as 4-value runs 0,2,4,6,1,3,5,7 of 8.
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]),
+                                             _mm256_packs_epi32(ints[2], ints[3]));
+    _mm256_storeu_si256((__m256i*)q, _mm256_permutevar8x32_epi32(
+                                         bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    *sum = _mm_cvtsi128_si32(t4);
+    finish_block(amax, *sum, d, s);
+}
+#endif
+
+// Into this thread's buffers; the same bits for every variant.
+const QuantizedRows& quantize_rows(const torch::Tensor& x, int64_t isa) {
+    thread_local QuantizedRows out;
     const int64_t N = x.size(0), K = x.size(1), num_blocks = K / 32;
-    QuantizedRows out{torch::empty({N, K}, torch::kInt8), torch::empty({N, num_blocks}, torch::kFloat32),
-                      torch::empty({N, num_blocks}, torch::kFloat32),
-                      torch::empty({N, num_blocks}, torch::kInt32)};
+    out.K = K;
+    out.q.resize(N * K);
+    out.d.resize(N * num_blocks);
+    out.s.resize(N * num_blocks);
+    out.sum.resize(N * num_blocks);
+    auto quantize_block = quantize_block_generic;
+#ifdef SPECSERVE_HAVE_INT8_X86
+    if (isa >= kIntAvx2) quantize_block = quantize_block_avx2;
+#endif
     const float* x_ptr = x.data_ptr<float>();
-    int8_t* q = out.q.data_ptr<int8_t>();
-    float* d = out.d.data_ptr<float>();
-    float* s = out.s.data_ptr<float>();
-    int32_t* sum = out.sum.data_ptr<int32_t>();
     const int64_t x_stride = x.stride(0);
     for (int64_t n = 0; n < N; ++n)
         for (int64_t b = 0; b < num_blocks; ++b) {
-            const float* values = x_ptr + n * x_stride + b * 32;
-            float amax = 0.0f;
-            for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(values[i]));
-            // As llama.cpp's x86 quantize_row_q8_0/q8_1: the inverse is 127 / max, and the
-            // block's scale (and Q8_1's scaled sum) are stored as fp16.
-            const float scale = amax / 127.0f;
-            const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
-            int32_t total = 0;
-            for (int i = 0; i < 32; ++i) {
-                // nearbyint rounds half to even in the default rounding mode, as torch.round.
-                const int32_t value = (int32_t)std::nearbyint(values[i] * inverse);
-                q[n * K + b * 32 + i] = (int8_t)value;
-                total += value;
-            }
-            d[n * num_blocks + b] = static_cast<float>(c10::Half(scale));
-            sum[n * num_blocks + b] = total;
-            s[n * num_blocks + b] = static_cast<float>(c10::Half(scale * (float)total));
+            const int64_t i = n * num_blocks + b;
+            quantize_block(x_ptr + n * x_stride + b * 32, out.q.data() + n * K + b * 32,
+                           &out.d[i], &out.s[i], &out.sum[i]);
         }
     return out;
 }
@@ -155,9 +209,9 @@ void int8_matmul_out(const torch::Tensor& x, const torch::Tensor& weights, int64
     TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.dim() == 2 && out.stride(1) == 1 &&
                     out.size(0) == N && out.size(1) == M, "out must be a float32 [N, M] tensor with unit column stride");
     if (N == 0 || M == 0) return;
-    const QuantizedRows quantized = quantize_rows(x);
-    const Int8Rows rows = quantized.view();
-    const int64_t chosen = resolve(isa), num_blocks = K / 32, group_bytes = 16 * weights.size(1);
+    const int64_t chosen = resolve(isa);
+    const Int8Rows rows = quantize_rows(x, chosen).view();
+    const int64_t num_blocks = K / 32, group_bytes = 16 * weights.size(1);
     const uint8_t* w = weights.data_ptr<uint8_t>();
     float* y = out.data_ptr<float>();
     const int64_t y_stride = out.stride(0);
@@ -175,12 +229,19 @@ void int8_matmul_out(const torch::Tensor& x, const torch::Tensor& weights, int64
 }
 
 void register_int8_ops(pybind11::module& m) {
-    m.def("int8_quantize_rows", [](const torch::Tensor& x) {
+    m.def("int8_quantize_rows", [](const torch::Tensor& x, int64_t isa) {
         TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.stride(1) == 1 &&
                         x.size(1) % 32 == 0, "x must be float32 [N, K], K a multiple of 32");
-        const QuantizedRows r = quantize_rows(x);
-        return std::make_tuple(r.q, r.d, r.s, r.sum);
-    }, "activation rows as int8 blocks: (q, d, s, sum)", py::arg("x"));
+        const int64_t N = x.size(0), num_blocks = x.size(1) / 32;
+        const QuantizedRows& r = quantize_rows(x, resolve(isa));
+        auto copy = [](const auto& values, auto dtype, std::vector<int64_t> shape) {
+            return torch::from_blob((void*)values.data(), shape, dtype).clone();
+        };
+        return std::make_tuple(copy(r.q, torch::kInt8, {N, x.size(1)}),
+                               copy(r.d, torch::kFloat32, {N, num_blocks}),
+                               copy(r.s, torch::kFloat32, {N, num_blocks}),
+                               copy(r.sum, torch::kInt32, {N, num_blocks}));
+    }, "activation rows as int8 blocks: (q, d, s, sum)", py::arg("x"), py::arg("isa") = -1);
     m.def("int8_matmul_out", &int8_matmul_out, py::call_guard<py::gil_scoped_release>(),
           "out = x @ W^T on the integer path", py::arg("x"), py::arg("weights"), py::arg("type"),
           py::arg("out"), py::arg("isa") = -1);

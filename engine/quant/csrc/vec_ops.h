@@ -1,4 +1,4 @@
-// What gguf_cpu.cpp exports to cpu_ops.cpp: the attention inner loop and SiLU compiled for the widest
+// What gguf_cpu.cpp exports to cpu_ops.cpp: the attention of one head and SiLU compiled for the widest
 // instruction set this CPU runs, and the registration of cpu_ops.cpp's functions in the one
 // extension module.
 #pragma once
@@ -7,14 +7,24 @@
 
 #include <torch/extension.h>
 
+// Where key/value p of a paged cache lives: slots[p] is its cache slot (block * block_size +
+// offset, worked out once per request: a division per key and head cost as much as its
+// arithmetic), slots are slot_stride floats apart, and base already points at the wanted KV head.
+struct PagedRows {
+    const float* base;
+    const int64_t* slots;
+    int64_t slot_stride;
+    const float* row(int64_t p) const { return base + slots[p] * slot_stride; }
+};
+
 struct VecOps {
-    // One query row's GQA group of heads attending over one KV head's paged keys and values
-    // (see attend_group in gguf_kernels_impl.h).
-    void (*attend_group)(const float* q, int64_t group, int64_t D, float scale,
-                         const float* k_base, const float* v_base, const int64_t* table,
-                         int64_t block_size, int64_t slot_stride, int64_t num_keys,
-                         float* scores, float* out);
+    // One query head attending over the first n keys of its KV head (see attend_head in
+    // vec_kernels_impl.h): out = softmax(scale * q K^T) V, with a scratch of n floats.
+    void (*attend_head)(const float* q, int64_t D, float scale, const PagedRows& keys,
+                        const PagedRows& values, int64_t n, float* scores, float* out);
     void (*silu_mul_row)(const float* gate, const float* up, float* out, int64_t n);
+    // torch.argmax of one row: the first of ties, the first NaN if any.
+    int64_t (*argmax_row)(const float* x, int64_t n);
 };
 
 VecOps vec_ops();

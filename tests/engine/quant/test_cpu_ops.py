@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from engine.attention import torch_backend
 from engine.attention.metadata import build_attention_metadata
+from engine import sampler
 from engine.models import layers
 from engine.models.architecture import LlamaArchitecture
 from engine.quant.kernels import cpu_ops_for, load_kernel
@@ -48,6 +49,27 @@ def test_silu_mul(ops):
     gate_up[1, :3] = torch.tensor([0.0, -1e-6, 1e-6])
     gate, up = gate_up.split(43, dim=-1)
     torch.testing.assert_close(ops.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 64, 49152])
+def test_argmax_rows_is_torch_argmax_with_its_ties_and_nans(ops, width):
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(8, width, generator=gen)
+    x[1] = float("-inf")                       # all equal: index 0
+    x[2] = x[2].round()                        # many ties: the first of them
+    x[2, width // 2:] = x[2].max()
+    x[3, width - 1] = float("nan")             # a NaN wins, as in torch
+    x[4, width // 3] = float("nan")
+    x[4, width - 1] = float("nan")             # the first NaN
+    x[5, :] = 0.0
+    x[5, width - 1] = 1.0                      # the last element, in the scalar tail
+    x[6, width // 2] = float("inf")
+    x[7] = torch.where(x[7] > 0, float("inf"), x[7])  # tied infinities
+    assert torch.equal(ops.argmax_rows(x), x.argmax(dim=-1))
+    assert torch.equal(sampler.argmax_rows(x.view(2, 4, width)), x.view(2, 4, width).argmax(-1))
+    # The negative control: the last of the ties is not what torch answers.
+    if width > 2:
+        assert ops.argmax_rows(x)[2] != width - 1
 
 
 def _arch(num_heads=6, num_kv_heads=2, head_dim=16) -> LlamaArchitecture:
@@ -107,6 +129,71 @@ def test_paged_attention_of_short_queries(ops, monkeypatch, query_lens):
     without_fused_ops(monkeypatch, torch_backend)
     expected = torch_backend.paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), meta)
     torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-5)
+
+
+def _attention_inputs(query_lens, context_lens, num_heads, num_kv_heads, head_dim, seed):
+    gen = torch.Generator().manual_seed(seed)
+    block_size = 16
+    num_blocks = sum(-(-c // block_size) for c in context_lens)
+    ids = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, used = [], 0
+    for ctx in context_lens:
+        n = -(-ctx // block_size)
+        tables.append(ids[used:used + n])
+        used += n
+    width = max(len(t) for t in tables)
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    q = torch.randn(sum(query_lens), num_heads, head_dim, generator=gen) * 2
+    token_index = torch.zeros(len(query_lens), max(query_lens), dtype=torch.long)
+    start = 0
+    for s, n in enumerate(query_lens):
+        token_index[s, :n] = torch.arange(start, start + n)
+        start += n
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    return q, k_cache, v_cache, token_index, block_tables
+
+
+def _attention_float64(q, k_cache, v_cache, table, num_keys):
+    """One row's heads over its first num_keys keys, in float64: [heads, head_dim]."""
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    keys = k_cache[table].flatten(0, 1)[:num_keys].double()  # [n, kv_heads, D]
+    values = v_cache[table].flatten(0, 1)[:num_keys].double()
+    group = q.shape[0] // num_kv_heads
+    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    scores = torch.einsum("hd,nhd->hn", q.double(), keys) / q.shape[-1] ** 0.5
+    return torch.einsum("hn,nhd->hd", scores.softmax(-1), values)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 24, 20])
+def test_attention_rows_are_bitwise_the_same_alone_and_in_any_batch(ops, head_dim):
+    """Long contexts (the work is split over threads) and short ones (one thread), head sizes
+    on the vector path (multiples of 8, over and under 64 columns) and off it (20): every row
+    equals float64 attention, and bitwise what it gives as the only row of its call."""
+    query_lens, context_lens = [5, 1, 3], [301, 77, 9]
+    num_heads, num_kv_heads = 9, 3
+    q, k_cache, v_cache, token_index, block_tables = _attention_inputs(
+        query_lens, context_lens, num_heads, num_kv_heads, head_dim, seed=head_dim)
+    batched = torch.full_like(q, float("nan"))
+    ops.paged_attention_small(q, k_cache, v_cache, token_index, torch.tensor(query_lens),
+                              torch.tensor(context_lens), block_tables, batched)
+    for s, (q_len, ctx) in enumerate(zip(query_lens, context_lens)):
+        for r in range(q_len):
+            row = int(token_index[s, r])
+            num_keys = ctx - q_len + r + 1
+            alone = torch.full_like(q[:1], float("nan"))
+            ops.paged_attention_small(q[row:row + 1].contiguous(), k_cache, v_cache,
+                                      torch.tensor([[0]]), torch.tensor([1]),
+                                      torch.tensor([num_keys]), block_tables[s:s + 1], alone)
+            assert torch.equal(alone[0], batched[row]), (s, r)
+            expected = _attention_float64(q[row], k_cache, v_cache, block_tables[s], num_keys)
+            torch.testing.assert_close(batched[row].double(), expected, rtol=2e-5, atol=2e-5)
+    # The negative control: one key fewer is a different result.
+    fewer = torch.empty_like(q[:1])
+    ops.paged_attention_small(q[:1].contiguous(), k_cache, v_cache, torch.tensor([[0]]),
+                              torch.tensor([1]), torch.tensor([context_lens[0] - 5]),
+                              block_tables[:1], fewer)
+    assert not torch.equal(fewer[0], batched[0])
 
 
 def test_paged_attention_refuses_metadata_beyond_its_tables(ops):
