@@ -19,6 +19,7 @@ from engine.attention import triton_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_backend import paged_attention
 from engine.models.architecture import LlamaArchitecture
+from engine.models.checkpoint_names import Place, parts_of, place_of
 from engine.models.layers import Linear, RMSNorm, RotaryEmbedding, RotaryStep
 from engine.quant.gguf_weight import PackedTensor
 from engine.quant.kernels import cpu_ops_for, load_kernel
@@ -215,9 +216,9 @@ class LlamaForCausalLM(nn.Module):
                     getattr(module, param_name).copy_(tensor)
             # A checkpoint that stores a fused projection whole (Phi-3's qkv_proj and
             # gate_up_proj) fills every part of it at once.
-            parts = [part] if part else _parts_of(f"{module_name}.{param_name}")
+            parts = [part] if part else parts_of(f"{module_name}.{param_name}")
             filled.update(f"{module_name}.{param_name}{p}" for p in parts)
-        expected = {f"{n}{part}" for n, _ in self.named_parameters() for part in _parts_of(n)}
+        expected = {f"{n}{part}" for n, _ in self.named_parameters() for part in parts_of(n)}
         missing = sorted(expected - filled)
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
@@ -259,48 +260,9 @@ class LlamaForCausalLM(nn.Module):
     def gguf_bytes(self) -> int:
         return sum(m.gguf.nbytes for m in self.modules() if isinstance(m, Linear) and m.gguf)
 
-    def _place(self, name: str) -> tuple[str, str, int, str] | None:
-        """(module, parameter, row offset, part tag) of a Hugging Face tensor name; None for
-        tensors this model does not store."""
-        name = name.removeprefix("model.")
-        if "rotary_emb" in name:
-            return None
-        if self.embed_tokens is None:
-            if name == "lm_head.weight":
-                return None  # tied: the copy under embed_tokens is the same matrix
-            if name == "embed_tokens.weight":
-                name = "lm_head.weight"
-        module_name, _, param_name = name.rpartition(".")
-        module_name, out_offset, part = self._fused_place(module_name)
-        return module_name, param_name, out_offset, part
-
-    def _fused_place(self, module_name: str) -> tuple[str, int, str]:
-        """Maps an unfused projection to (fused module, row offset, part tag)."""
-        a = self.arch
-        q_size, kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        places = {
-            "self_attn.q_proj": ("self_attn.qkv_proj", 0),
-            "self_attn.k_proj": ("self_attn.qkv_proj", q_size),
-            "self_attn.v_proj": ("self_attn.qkv_proj", q_size + kv_size),
-            "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-            "mlp.up_proj": ("mlp.gate_up_proj", a.intermediate_size),
-        }
-        prefix, _, leaf = module_name.rpartition(".")
-        parent_leaf = f"{prefix.rpartition('.')[2]}.{leaf}"
-        if parent_leaf in places:
-            fused, offset = places[parent_leaf]
-            layer_prefix = prefix.rpartition(".")[0]
-            return f"{layer_prefix}.{fused}", offset, f"#{parent_leaf}"
-        return module_name, 0, ""
+    def _place(self, name: str) -> Place | None:
+        return place_of(name, self.arch, tied_embeddings=self.embed_tokens is None)
 
 
 def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return None if tensor is None else tensor.detach()
-
-
-def _parts_of(param_name: str) -> list[str]:
-    if ".qkv_proj." in param_name:
-        return ["#self_attn.q_proj", "#self_attn.k_proj", "#self_attn.v_proj"]
-    if ".gate_up_proj." in param_name:
-        return ["#mlp.gate_proj", "#mlp.up_proj"]
-    return [""]
