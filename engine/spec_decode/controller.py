@@ -23,6 +23,11 @@ from engine.spec_decode.stats import PRIOR_ACCEPTANCE
 
 COST_DECAY = 0.98  # per observation for the step-time fit
 MIN_DRAFT_GAIN = 0.02  # expected tokens below which a draft position is not even reserved
+# Steps without a draft after which one draft goes out anyway. The cost fit learns a verified
+# token's price only from steps that feed more tokens than they have requests; with drafting off
+# every step feeds one per request, so a slope overestimated once (a noisy step) would keep
+# drafting off for good. A probe every 32 steps costs < 1% of a step's rows at batch 1.
+PROBE_EVERY = 32
 
 
 class LinearCostModel:
@@ -105,6 +110,8 @@ class SpeculationController:
         self.adaptive = adaptive
         self.step_cost = step_cost  # seconds for a target step of n tokens
         self.draft_cost = draft_cost
+        self.probe_every = PROBE_EVERY  # 0: never probe
+        self._plans_without_drafts = 0
 
     def lookahead(self, request: Request) -> int:
         """KV slots the scheduler reserves for this request's drafts: an upper bound on what
@@ -131,10 +138,28 @@ class SpeculationController:
             ks = self._plan_by_depth(estimates, max_ks, padded_tokens)
         else:
             ks = self._plan_greedy(estimates, max_ks, num_other_tokens)
+        ks = self._probe_now_and_then(ks, estimates, max_ks)
         for request, k in zip(requests, ks):
             if k == 0:
                 request.acceptance.decay()  # drift back towards the prior, to probe later
         return ks
+
+    def _probe_now_and_then(self, ks: list[int], estimates: Sequence[float],
+                            max_ks: Sequence[int]) -> list[int]:
+        """After `probe_every` plans without a draft, one draft for the likeliest request, so
+        the step-cost fit sees a verified token's price again (see PROBE_EVERY)."""
+        if any(ks):
+            self._plans_without_drafts = 0
+            return ks
+        self._plans_without_drafts += 1
+        candidates = [i for i, m in enumerate(max_ks) if m > 0]
+        if not self.probe_every or self._plans_without_drafts < self.probe_every \
+                or not candidates:
+            return ks
+        self._plans_without_drafts = 0
+        probe = list(ks)
+        probe[max(candidates, key=lambda i: estimates[i])] = 1
+        return probe
 
     def _plan_by_depth(self, estimates: Sequence[float], max_ks: Sequence[int],
                        padded_tokens: Callable[[int], int]) -> list[int]:
