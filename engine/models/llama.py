@@ -167,30 +167,35 @@ class LlamaForCausalLM(nn.Module):
                       layer_ids: Sequence[int] | None = None) -> torch.Tensor:
         """[num_tokens, hidden] after the decoder layers (before the final norm); writes KV."""
         x = self.embed(input_ids)
-        layers = range(self.arch.num_layers) if layer_ids is None else layer_ids
-        fused = cpu_ops_for(x)
-        weights = [self.layers[i].fused_weights() for i in layers] \
-            if fused is not None and not meta.chunks and meta.batched is not None else None
-        if weights and all(w is not None for w in weights):
-            self._fused_decode(fused, x, positions, kv_caches, meta, layers, weights)
-        else:
-            rope = self.rotary.at(positions, x.dtype)
-            for i in layers:
-                k_cache, v_cache = kv_caches[i]
-                x = self.layers[i](x, rope, k_cache, v_cache, meta)
+        stack = self._decoder_stack(cpu_ops_for(x), kv_caches) \
+            if not meta.chunks and meta.batched is not None else None
+        if stack is not None:
+            group = meta.batched
+            stack.run(x, positions.contiguous(), kv_caches.storage, meta.slot_mapping,
+                      group.token_index, group.query_lens, group.context_lens,
+                      group.block_tables, [] if layer_ids is None else list(layer_ids))
+            return x
+        rope = self.rotary.at(positions, x.dtype)
+        for i in range(self.arch.num_layers) if layer_ids is None else layer_ids:
+            k_cache, v_cache = kv_caches[i]
+            x = self.layers[i](x, rope, k_cache, v_cache, meta)
         return x
 
-    def _fused_decode(self, fused, x, positions, kv_caches, meta, layers, weights) -> None:
-        """A decode/verify step's layers as one compiled call each, in place on x; `weights`:
-        each layer's fused_weights()."""
-        a, group = self.arch, meta.batched
-        positions = positions.contiguous()
-        for i, layer_weights in zip(layers, weights):
-            k_cache, v_cache = kv_caches[i]
-            fused.decoder_layer(
-                x, positions, *layer_weights, self.rotary.cos, self.rotary.sin,
-                k_cache, v_cache, meta.slot_mapping, group.token_index, group.query_lens,
-                group.context_lens, group.block_tables, a.num_heads, a.num_kv_heads, a.head_dim)
+    def _decoder_stack(self, fused, kv_caches):
+        """The compiled decoder stack (csrc/decoder_stack.cpp) holding every layer's weights, or
+        None where it does not apply: not the CPU float32 path, a layer without fused weights,
+        or a cache that is not one KVCache storage. Built on first use."""
+        if fused is None or getattr(kv_caches, "storage", None) is None:
+            return None
+        stack = getattr(self, "_stack", None)
+        if stack is None or stack[1] is not self.rotary.cos:  # tables rebuilt: rebind them
+            weights = [layer.fused_weights() for layer in self.layers]
+            a = self.arch
+            built = None if any(w is None for w in weights) else fused.DecoderStack(
+                [w[:2] + w[3:] for w in weights], weights[0][2], self.rotary.cos,
+                self.rotary.sin, a.num_heads, a.num_kv_heads, a.head_dim)
+            stack = self._stack = (built, self.rotary.cos)
+        return stack[0]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face-named tensors into this model, fusing q/k/v and gate/up.

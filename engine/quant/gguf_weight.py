@@ -113,12 +113,13 @@ class GGUFWeight:
         if len(self.parts) != 1:
             raise ValueError("row lookup needs a weight stored in one block format")
         part, ggml_type = self.parts[0], self.parts[0].fmt.ggml_type
+        kernel = load_kernel()
         if ggml_type in int8.ORIGINAL:  # rows are spread over their 16-row group: regroup them
-            picked = int8.unpack_rows(part.packed, ggml_type, ids)
+            picked = int8.unpack_rows(part.packed, ggml_type, ids) if kernel is None \
+                else kernel.int8_unpack_rows(part.packed, ggml_type, ids)
             ggml_type = int8.ORIGINAL[ggml_type]
         else:
             picked = part.packed.index_select(0, ids.reshape(-1))
-        kernel = load_kernel()
         if kernel is not None:
             return kernel.dequantize(picked, ggml_type, self.in_features)
         return formats.dequantize(picked, ggml_type, self.in_features)

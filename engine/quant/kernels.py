@@ -74,8 +74,8 @@ def _build(verbose: bool):
     folder.mkdir(parents=True, exist_ok=True)
     return load(
         name=EXTENSION_NAME,
-        sources=[str(SOURCE_DIR / "gguf_cpu.cpp"), str(SOURCE_DIR / "cpu_ops.cpp"),
-                 str(SOURCE_DIR / "gguf_int8.cpp")],
+        sources=[str(SOURCE_DIR / name) for name in
+                 ("gguf_cpu.cpp", "cpu_ops.cpp", "gguf_int8.cpp", "decoder_stack.cpp")],
         extra_include_paths=[str(SOURCE_DIR)],
         extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno"],
         # ATen's parallel_for is OpenMP inlined into the caller; the libgomp this links is the one

@@ -49,6 +49,21 @@ def test_repacking_is_a_permutation_of_the_gguf_bytes(ggml_type):
 
 
 @needs_kernel
+@pytest.mark.parametrize("ggml_type", sorted(int8.REPACKED))
+def test_compiled_row_unpacking_is_the_reference(ggml_type):
+    """The embedding lookup's compiled unpacking gives the GGUF rows bitwise, in any order and
+    with repeats; the control: the row after each asked one is different bytes."""
+    packed, repacked, int_type = weights(ggml_type)
+    ids = torch.tensor([[47, 0], [16, 17], [0, 31]])
+    rows = kernel.int8_unpack_rows(repacked, int_type, ids)
+    assert torch.equal(rows, packed[ids.reshape(-1)])
+    assert torch.equal(rows, int8.unpack_rows(repacked, int_type, ids))
+    assert not torch.equal(rows, packed[(ids.reshape(-1) + 1) % 48])
+    with pytest.raises(RuntimeError, match="out of range"):
+        kernel.int8_unpack_rows(repacked, int_type, torch.tensor([48]))
+
+
+@needs_kernel
 @pytest.mark.parametrize("isa", VARIANTS)
 def test_activation_quantization_matches_the_reference(isa):
     x = activations(5) * 3

@@ -146,31 +146,28 @@ struct MatmulTimer {
     }
 };
 
-void gguf_matmul_out(const torch::Tensor& x, const torch::Tensor& packed, int64_t type,
-                     torch::Tensor& out, int64_t isa) {
+// y[N, M] (row stride y_stride) = x[N, K] (row stride x_stride) @ dequantize(packed)^T: the
+// raw-pointer form the fused decoder stack calls; every other entry point goes through it.
+void gguf_matmul_rows(const float* x_ptr, int64_t N, int64_t K, int64_t x_stride,
+                      const torch::Tensor& packed, int64_t type, float* out_ptr, int64_t y_stride,
+                      int64_t isa) {
     MatmulTimer timer;
-    if (is_int8_type(type)) return int8_matmul_out(x, packed, type, out, kAuto);
-    const int64_t K = x.size(-1);
+    if (is_int8_type(type))
+        return int8_matmul_rows(x_ptr, N, K, x_stride, packed, type, out_ptr, y_stride, kAuto);
     BlockFormat format;
     check_packed(packed, type, K, &format);
-    TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() == 2 &&
-                    x.stride(1) == 1,
-                "x must be a CPU float32 [N, K] tensor with unit column stride");
-    TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.dim() == 2 && out.stride(1) == 1 &&
-                    out.size(0) == x.size(0) && out.size(1) == packed.size(0),
-                "out must be a float32 [N, M] tensor with unit column stride");
-    const int64_t N = x.size(0), M = packed.size(0), num_blocks = K / format.block_size;
+    const int64_t M = packed.size(0), num_blocks = K / format.block_size;
     if (N == 0 || M == 0) return;
     const int64_t chosen = resolve_isa(isa);
     if (N >= kGemmMinRows) {
         const auto weight = gguf_dequantize(packed, type, K, chosen);  // [M, K]
-        at::mm_out(out, x, weight.t());
+        auto out = torch::from_blob(out_ptr, {N, M}, {y_stride, 1}, weight.options());
+        at::mm_out(out, torch::from_blob((void*)x_ptr, {N, K}, {x_stride, 1}, weight.options()),
+                   weight.t());
         return;
     }
     const uint8_t* packed_ptr = packed.data_ptr<uint8_t>();
-    const float* x_ptr = x.data_ptr<float>();
-    float* out_ptr = out.data_ptr<float>();
-    const int64_t row_bytes = packed.stride(0), x_stride = x.stride(0), y_stride = out.stride(0);
+    const int64_t row_bytes = packed.stride(0);
     const int t = (int)type;
     const bool fused = chosen != kGeneric && N <= kFusedMaxRows &&
 #ifdef SPECSERVE_HAVE_X86_VARIANTS
@@ -215,6 +212,18 @@ void gguf_matmul_out(const torch::Tensor& x, const torch::Tensor& packed, int64_
         isa_generic::matmul_range(t, packed_ptr, row_bytes, K, num_blocks, x_ptr, x_stride, N,
                                   out_ptr, y_stride, begin, end, scratch.data());
     });
+}
+
+void gguf_matmul_out(const torch::Tensor& x, const torch::Tensor& packed, int64_t type,
+                     torch::Tensor& out, int64_t isa) {
+    TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() == 2 &&
+                    x.stride(1) == 1,
+                "x must be a CPU float32 [N, K] tensor with unit column stride");
+    TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.dim() == 2 && out.stride(1) == 1 &&
+                    out.size(0) == x.size(0) && out.size(1) == packed.size(0),
+                "out must be a float32 [N, M] tensor with unit column stride");
+    gguf_matmul_rows(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), packed, type,
+                     out.data_ptr<float>(), out.stride(0), isa);
 }
 
 // x [..., K] @ dequantize(packed)^T -> [..., M]: the one-call form a projection stored in a
@@ -278,4 +287,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }, "(calls, seconds) spent in matmul so far, process-wide");
     register_cpu_ops(m);
     register_int8_ops(m);
+    register_decoder_stack(m);
 }

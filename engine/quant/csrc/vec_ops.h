@@ -1,9 +1,11 @@
-// What gguf_cpu.cpp exports to cpu_ops.cpp: the attention of one head and SiLU compiled for the widest
-// instruction set this CPU runs, and the registration of cpu_ops.cpp's functions in the one
-// extension module.
+// What the extension's files share: the attention of one head and SiLU compiled for the widest
+// instruction set this CPU runs (gguf_cpu.cpp), the raw-pointer forms of the matmuls and of the
+// decoder layer's glue (cpu_ops.cpp) that the fused decoder stack (decoder_stack.cpp) calls, and
+// each file's registration in the one extension module.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <torch/extension.h>
 
@@ -29,13 +31,40 @@ struct VecOps {
 
 VecOps vec_ops();
 void register_cpu_ops(pybind11::module& m);
+void register_decoder_stack(pybind11::module& m);
 
-// gguf_cpu.cpp's single-format projection, for the fused decoder layer in cpu_ops.cpp.
-torch::Tensor gguf_matmul(const torch::Tensor& x, const torch::Tensor& packed, int64_t type);
+// gguf_cpu.cpp: y[N, M] (row stride y_stride) = x[N, K] (row stride x_stride) @ W^T for a
+// single-format GGUF weight, or a repacked integer one (gguf_int8.cpp, reached by its type id).
+void gguf_matmul_rows(const float* x, int64_t N, int64_t K, int64_t x_stride,
+                      const torch::Tensor& packed, int64_t type, float* y, int64_t y_stride,
+                      int64_t isa = -1);
 
-// gguf_int8.cpp: the integer path for weights repacked in 16-row groups (int8_layout.h), reached
-// through gguf_matmul_out by their type ids.
+// gguf_int8.cpp: the integer path for weights repacked in 16-row groups (int8_layout.h).
 bool is_int8_type(int64_t type);
-void int8_matmul_out(const torch::Tensor& x, const torch::Tensor& weights, int64_t type,
-                     torch::Tensor& out, int64_t isa);
+void int8_matmul_rows(const float* x, int64_t N, int64_t K, int64_t x_stride,
+                      const torch::Tensor& weights, int64_t type, float* y, int64_t y_stride,
+                      int64_t isa);
 void register_int8_ops(pybind11::module& m);
+
+// cpu_ops.cpp: a decoder layer's glue on raw float32 rows.
+void rms_norm_rows(const float* x, int64_t rows, int64_t hidden, const float* weight, float eps,
+                   float* out);
+void rotary_rows(float* x, int64_t T, int64_t heads, int64_t s0, int64_t s1, int64_t D,
+                 const int64_t* pos, const float* cos, const float* sin);
+
+// A step's attention rows: for each query row (its index in the step's rows), where its
+// request's key slots start in `slots` and how many keys it sees.
+struct AttentionPlan {
+    struct Row {
+        int64_t index, slot_start, num_keys;
+    };
+    std::vector<Row> rows;
+    std::vector<int64_t> slots;  // each request's cache slots, request after request
+    int64_t work = 0;            // sum over requests of query rows x keys
+};
+AttentionPlan plan_attention(const torch::Tensor& token_index, const torch::Tensor& query_lens,
+                             const torch::Tensor& context_lens, const torch::Tensor& block_tables,
+                             int64_t num_cache_blocks, int64_t block_size);
+void attend(const AttentionPlan& plan, const float* q, int64_t q_row_stride, const float* k_cache,
+            const float* v_cache, int64_t num_heads, int64_t num_kv_heads, int64_t D, float* out,
+            int64_t out_row_stride);

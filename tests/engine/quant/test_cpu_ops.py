@@ -206,31 +206,29 @@ def test_paged_attention_refuses_metadata_beyond_its_tables(ops):
 
 @pytest.mark.slow
 def test_fused_decoder_layer_equals_the_python_layers(ops, monkeypatch, default_llm):
-    """Decode steps of the default model through the one-call fused layers and through the
+    """Decode steps of the default model through the compiled decoder stack and through the
     Python layers: the same tokens and log-probabilities (to float32 rounding)."""
     from engine import SamplingParams
-    from engine.models.llama import DecoderLayer
+    from engine.models.llama import LlamaForCausalLM
 
     if default_llm.engine.device.type != "cpu":
         pytest.skip("the fused layers are CPU float32 code; the default engine runs elsewhere")
 
     params = SamplingParams(max_tokens=12, temperature=0, logprobs=0)
     prompts = ["The capital of France is", "def add(a, b):\n    return"]
-    calls = []
-    monkeypatch.setattr(type(default_llm.engine.runner.model), "_fused_decode",
-                        _counting(calls, type(default_llm.engine.runner.model)._fused_decode))
+    stacks = []
+    original = LlamaForCausalLM._decoder_stack
+
+    def recording(self, fused, kv_caches):
+        stacks.append(original(self, fused, kv_caches))
+        return stacks[-1]
+
+    monkeypatch.setattr(LlamaForCausalLM, "_decoder_stack", recording)
     fused = default_llm.generate(prompts, params)
-    assert calls, "the fused layer path never ran"
-    monkeypatch.setattr(DecoderLayer, "fused_weights", lambda self: None)
+    assert any(stack is not None for stack in stacks), "the compiled stack never ran"
+    monkeypatch.setattr(LlamaForCausalLM, "_decoder_stack", lambda self, fused, kv_caches: None)
     python = default_llm.generate(prompts, params)
     for a, b in zip(fused, python):
         assert a.token_ids == b.token_ids
         for x, y in zip(a.logprobs, b.logprobs):
             assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
-
-
-def _counting(calls, method):
-    def wrapper(*args, **kwargs):
-        calls.append(1)
-        return method(*args, **kwargs)
-    return wrapper
