@@ -19,6 +19,7 @@ from engine.config import EngineConfig, EngineLimits
 from engine.detokenizer import IncrementalDetokenizer
 from engine.device import free_memory_bytes, pick_device, pick_dtype, release_cached_memory
 from engine.grammar import GrammarCompiler
+from engine.grammar.masks import build_bitmask, known_next_tokens
 from engine.kv_cache import KVCache, bytes_per_block
 from engine.memory import num_kv_blocks
 from engine.model_runner import ModelRunner, build_model_input
@@ -205,16 +206,18 @@ class LLMEngine:
                 else functools.partial(static.padded_tokens, len(plan.scheduled))
             draft_probs = self.speculation.propose(plan, padded_tokens)
         started = time.perf_counter()
-        if static is not None:
-            model_input = static.prepare(plan.scheduled)
-            hidden, logits = static.run(model_input)
-        else:
-            model_input = build_model_input(plan.scheduled, self.limits.block_size, self.device)
-            hidden, logits = self.runner.execute(model_input)
-        owners = model_input.logits_owners
+        model_input = static.prepare(plan.scheduled) if static is not None \
+            else build_model_input(plan.scheduled, self.limits.block_size, self.device)
+        owners, row_starts = model_input.logits_owners, model_input.logits_row_starts
         requests = [plan.scheduled[i].request for i in owners]
-        emitted_by_owner = verify_requests(requests, model_input.logits_row_starts, logits,
-                                           draft_probs, self.generator)
+        bitmask = build_bitmask(requests, row_starts, model_input.num_logits)
+        if static is not None:
+            hidden, logits = static.run(model_input)
+        else:  # rows whose token the grammar alone decides skip the LM head
+            hidden, logits = self.runner.execute(
+                model_input, known_next_tokens(requests, row_starts, bitmask))
+        emitted_by_owner = verify_requests(requests, row_starts, logits, draft_probs,
+                                           self.generator, bitmask)
         emitted = [[] for _ in plan.scheduled]
         for owner, tokens in zip(owners, emitted_by_owner):
             emitted[owner] = tokens

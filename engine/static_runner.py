@@ -74,6 +74,10 @@ class StaticStep:
         """Rows the forward computes, padding included: what the step costs."""
         return self.shape.num_seqs * self.shape.query_len
 
+    @property
+    def num_logits(self) -> int:
+        return self.logits_rows.shape[0]
+
 
 def uses_padded_steps(config: EngineConfig, device: torch.device) -> bool:
     """`padded_steps` as configured; by default on CUDA only (on CPU the flat batch is cheaper)."""

@@ -38,3 +38,28 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int,
 
 def apply_allowed(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~allowed, float("-inf"))
+
+
+def known_next_tokens(requests: Sequence, row_starts: Sequence[int],
+                      bitmask: torch.Tensor | None) -> dict[int, int]:
+    """Logits rows whose next token the grammar alone decides (its mask allows exactly one
+    token), as {row: token}, for requests that return no logprobs. Whatever the logits, the
+    masked target there gives that token probability 1, and every later processing step (
+    temperature, penalties, top-k/p, the seeded draw) maps a one-hot row to the same one-hot:
+    so the LM head need not compute these rows (grammar-forced drafts are such rows)."""
+    if bitmask is None:
+        return {}
+    words = bitmask.to(torch.int64) & 0xFFFFFFFF  # each word unsigned
+    nonzero = words != 0
+    single = set((nonzero.sum(dim=1) == 1).nonzero().flatten().tolist())
+    known = {}
+    for request, start in zip(requests, row_starts):
+        if request.grammar is None or request.sampling_params.logprobs is not None:
+            continue
+        for row in range(start, start + len(request.draft_token_ids) + 1):
+            if row in single:
+                index = int(nonzero[row].nonzero()[0])
+                word = int(words[row, index])
+                if word & (word - 1) == 0:  # one bit
+                    known[row] = index * 32 + word.bit_length() - 1
+    return known

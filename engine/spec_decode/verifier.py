@@ -73,11 +73,13 @@ def verify(logits: torch.Tensor,  # [num_rows, vocab] raw
 
 def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
                     draft_probs: dict[str, torch.Tensor],
-                    shared_generator: torch.Generator) -> list[list[int]]:
+                    shared_generator: torch.Generator,
+                    bitmask: torch.Tensor | None = None) -> list[list[int]]:
     """Per sampling request of a step: its accepted drafts and one new token (just the new
     token without speculation). Row j of a request scores the position after drafts[:j], so
     its penalties see those drafts, its grammar mask is the one after those drafts, and its seeded
-    generator is keyed by that position."""
+    generator is keyed by that position. `bitmask`: the step's grammar masks where the caller
+    built them already (masks.py `build_bitmask`, the same rows)."""
     if not requests:
         return []
     params, prompts, histories, seqs = [], [], [], []
@@ -91,7 +93,8 @@ def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
                               request.sampling_params.greedy))
     batch = build_sampling_batch(params, prompts, histories, logits.shape[-1], logits.device,
                                  shared_generator)
-    bitmask = build_bitmask(requests, row_starts, logits.shape[0])
+    if bitmask is None:
+        bitmask = build_bitmask(requests, row_starts, logits.shape[0])
     if bitmask is not None:
         # The target's distribution at every verified position is the masked one.
         batch.allowed = unpack_bitmask(bitmask, logits.shape[-1], logits.device)

@@ -141,6 +141,67 @@ def test_sampling_under_a_grammar_keeps_the_masked_law(method, small_vocab_model
     assert _chi_square_rejects(_sample(llm, params), expected)
 
 
+def _wrong_known_tokens(requests, row_starts, bitmask):
+    """A deliberately wrong skip: every constrained row taken as decided, by its lowest token."""
+    rows = {}
+    for request, start in zip(requests, row_starts):
+        if request.grammar is not None:
+            for row in range(start, start + len(request.draft_token_ids) + 1):
+                allowed = unpack_bitmask(bitmask[row:row + 1], VOCAB, torch.device("cpu"))[0]
+                rows[row] = int(allowed.nonzero()[0])
+    return rows
+
+
+def test_rows_the_grammar_decides_skip_the_lm_head_and_change_no_token(small_vocab_models,
+                                                                        monkeypatch):
+    """Seeded sampling under the toy grammar with `ngram`: the rows whose token the grammar
+    forces get no LM head, and every token equals the run that computes every row. Negative
+    control: taking rows with several allowed tokens as decided changes the tokens."""
+    import engine.engine
+    from engine.model_runner import ModelRunner
+
+    target, _, _ = small_vocab_models
+    llm = make_llm(str(target), speculative_method="ngram", adaptive=False,
+                   num_speculative_tokens=3, max_num_seqs=64, enable_prefix_caching=False)
+    params = SamplingParams(max_tokens=8, temperature=1.0,
+                            structured=Constraint("grammar", TOY_GRAMMAR))
+    seeded = [dataclasses.replace(params, seed=seed) for seed in range(64)]
+    skipped = []
+    execute = ModelRunner.execute
+
+    def counting(self, model_input, known_tokens=None):
+        skipped.append(len(known_tokens or {}))
+        return execute(self, model_input, known_tokens)
+
+    monkeypatch.setattr(ModelRunner, "execute", counting)
+    with_skip = [o.token_ids for o in llm.generate([PROMPT_IDS] * 64, seeded)]
+    assert sum(skipped) > 64  # forced 4s and 1s came without the LM head
+    monkeypatch.setattr(engine.engine, "known_next_tokens", lambda *args: {})
+    assert [o.token_ids for o in llm.generate([PROMPT_IDS] * 64, seeded)] == with_skip
+    monkeypatch.setattr(engine.engine, "known_next_tokens", _wrong_known_tokens)
+    assert [o.token_ids for o in llm.generate([PROMPT_IDS] * 64, seeded)] != with_skip
+
+
+def test_known_next_tokens_reads_one_bit_rows_of_requests_without_logprobs():
+    from types import SimpleNamespace
+
+    from engine.grammar.masks import known_next_tokens
+
+    bitmask = torch.full((5, 3), -1, dtype=torch.int32)
+    bitmask[0] = torch.tensor([0, 1 << 5, 0])  # token 37
+    bitmask[1] = torch.tensor([0, 0, -(1 << 31)])  # the sign bit: token 95
+    bitmask[2] = torch.tensor([0b11, 0, 0])  # two tokens: not decided
+    bitmask[3] = torch.tensor([1 << 4, 0, 0])  # token 4, but its request wants logprobs
+
+    def request(drafts, logprobs=None):
+        return SimpleNamespace(grammar=object(), draft_token_ids=drafts,
+                               sampling_params=SimpleNamespace(logprobs=logprobs))
+
+    requests = [request([7, 8]), request([], logprobs=1), request([])]
+    assert known_next_tokens(requests, [0, 3, 4], bitmask) == {0: 37, 1: 95}
+    assert known_next_tokens(requests, [0, 3, 4], None) == {}
+
+
 # ------------------------------------------------------------------ the pieces
 @pytest.fixture(scope="module")
 def toy_compiler(default_llm):
