@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
+from engine.device import release_freed_host_memory
 from engine.engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.request import Request
@@ -138,6 +139,7 @@ class AsyncEngine:
             return
         finally:
             self._built.set()
+        release_freed_host_memory()  # what loading freed, before serving
         self._run()
 
     def _run(self) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import sys
 
 import torch
 
@@ -39,6 +41,19 @@ def release_cached_memory(device: torch.device) -> None:
     if device.type == "cuda":
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def release_freed_host_memory() -> None:
+    """Hands the pages of freed host allocations back to the OS: glibc's malloc_trim over every
+    malloc arena. Loading repacks every weight through temporaries, and glibc keeps the freed
+    pages of a thread's arena resident: 38 MB of a CPU server's RSS right after start (477 ->
+    439 MB measured). No-op where libc has no malloc_trim."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def total_memory_bytes(device: torch.device) -> int | None:

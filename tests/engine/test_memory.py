@@ -96,3 +96,28 @@ def test_an_engine_made_after_another_is_dropped_gets_the_same_share(tiny_chat_m
     del first
     second = LLM(str(tiny_chat_model_folder), **options)
     assert second.engine.limits.num_kv_blocks >= 0.9 * blocks
+
+
+def _resident_bytes() -> int:
+    import os
+
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="glibc only")
+def test_freed_host_memory_goes_back_to_the_os():
+    """60 MB freed inside the heap (the last block pins its top, as a long-lived tensor does after
+    loading) stays resident until `release_freed_host_memory` (the negative control: it stays
+    without the call)."""
+    from engine.device import release_freed_host_memory
+
+    before = _resident_bytes()
+    blocks = [bytearray(100_000) for _ in range(600)]  # below the mmap threshold: heap pages
+    pin = blocks[-1]
+    del blocks
+    freed_but_resident = _resident_bytes()
+    assert freed_but_resident > before + 40_000_000  # freed, yet nothing gave them back
+    release_freed_host_memory()
+    assert _resident_bytes() < freed_but_resident - 40_000_000
+    del pin
