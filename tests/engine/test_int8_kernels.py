@@ -16,7 +16,7 @@ from engine.quant.kernels import load_kernel
 
 kernel = load_kernel()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="the CPU kernel extension did not build")
-VARIANTS = list(range(kernel.int8_cpu_isa() + 1)) if kernel is not None else []
+VARIANTS = kernel.int8_cpu_isas() if kernel is not None else []  # every one this CPU runs
 ROW_COUNTS = [1, 2, 3, 4, 5, 8, 17, 64]
 
 
@@ -124,7 +124,13 @@ def test_an_environment_variable_forces_a_lower_variant():
     run = lambda value: subprocess.run(  # noqa: E731
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
         env={**os.environ, "SPECSERVE_INT8_ISA": value})
-    forced = run("generic")
-    assert forced.returncode == 0 and forced.stdout.strip() == "generic", forced.stderr
+    names = ["generic", "avx2", "avx-vnni", "avx512-vnni"]
+    for variant in VARIANTS:
+        forced = run(names[variant])
+        assert forced.returncode == 0 and forced.stdout.strip() == names[variant], forced.stderr
+    missing = [name for i, name in enumerate(names) if i not in VARIANTS]
+    if missing:  # a variant this CPU lacks is refused, not run
+        refused = run(missing[0])
+        assert refused.returncode != 0 and "not available on this CPU" in refused.stderr
     wrong = run("avx9000")
     assert wrong.returncode != 0 and "SPECSERVE_INT8_ISA must be" in wrong.stderr

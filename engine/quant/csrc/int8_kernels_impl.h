@@ -1,5 +1,7 @@
 // The integer matmul body, included once per instruction set inside its own namespace with
-// INT8_ISA set: 0 generic C++, 1 AVX2 (maddubs), 2 AVX-512 VNNI (vpdpbusd). No include guard.
+// INT8_ISA set: 0 generic C++, 1 256-bit (AVX2 maddubs + madd, or with INT8_AVX_VNNI set the
+// AVX-VNNI vpdpbusd of CPUs that have it without AVX-512), 2 AVX-512 VNNI (vpdpbusd). No include
+// guard.
 //
 // Weights come repacked in groups of 16 rows (int8_layout.h); activations come quantized per row
 // into 32-value blocks (Int8Rows). Per output, every variant computes the same float operations in
@@ -90,8 +92,14 @@ static void group_rows(int64_t type, const uint8_t* group, int64_t num_blocks, c
 
 #elif INT8_ISA == 1
 
-static inline __m256i dot4_u8s8(__m256i u, __m256i s) {  // u8 x s8, 4 per i32 lane, exact here
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+// acc + u8 x s8, 4 products per i32 lane. Exact either way here: maddubs' int16 pair sums stay
+// below 2^15 (4-bit weights, and |w| x |x| <= 128 x 127 for Q8_0 with x carrying w's sign).
+static inline __m256i dot4_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if INT8_AVX_VNNI
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
 }
 
 template <int R>
@@ -124,8 +132,8 @@ static void group_chunk(int64_t type, const uint8_t* group, int64_t num_blocks, 
                     const int8_t* xq = x.q + n * x.K + b * 32;
                     __m256i isum = _mm256_setzero_si256();
                     for (int c = 0; c < 4; ++c) {
-                        isum = _mm256_add_epi32(isum, dot4_u8s8(lo[c], _mm256_set1_epi32(load_i32(xq + 4 * c))));
-                        isum = _mm256_add_epi32(isum, dot4_u8s8(hi[c], _mm256_set1_epi32(load_i32(xq + 16 + 4 * c))));
+                        isum = dot4_u8s8(isum, lo[c], _mm256_set1_epi32(load_i32(xq + 4 * c)));
+                        isum = dot4_u8s8(isum, hi[c], _mm256_set1_epi32(load_i32(xq + 16 + 4 * c)));
                     }
                     if (!q4_1)  // Q4_0: the nibbles stand for q - 8
                         isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * x.sum[n * num_blocks + b]));
@@ -147,7 +155,7 @@ static void group_chunk(int64_t type, const uint8_t* group, int64_t num_blocks, 
                     for (int c = 0; c < 8; ++c) {
                         // |w| * (x with w's sign): u8 x s8 with no saturation (|w| <= 128).
                         const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xq + 4 * c)), w[c]);
-                        isum = _mm256_add_epi32(isum, dot4_u8s8(w_abs[c], signed_x));
+                        isum = dot4_u8s8(isum, w_abs[c], signed_x);
                     }
                     const __m256 product = _mm256_mul_ps(d_w, _mm256_set1_ps(x.d[n * num_blocks + b]));
                     acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), product));
