@@ -37,7 +37,9 @@ from engine import LLM, SamplingParams
 from engine.grammar import GrammarMatcher
 from engine.memory import CPU_KV_CACHE_GIB
 from engine.models.loader import resolve_model_folder
-from engine.spec_decode import speculation, verifier
+import engine.engine as engine_module
+from engine import sampler
+from engine.spec_decode import speculation
 from engine.spec_decode.stats import SpecStats
 
 METHODS = ("none", "ngram")
@@ -46,8 +48,9 @@ METHODS = ("none", "ngram")
 class GrammarTimer:
     """Wraps the engine's grammar work with timers while active."""
 
-    PATCHES = [(verifier, "build_bitmask"), (verifier, "unpack_bitmask"),
-               (speculation, "constrain_drafts"), (GrammarMatcher, "accept")]
+    PATCHES = [(engine_module, "build_bitmask"), (engine_module, "known_next_tokens"),
+               (sampler, "mask_logits"), (speculation, "constrain_drafts"),
+               (GrammarMatcher, "accept")]
 
     def __init__(self):
         self.seconds = 0.0

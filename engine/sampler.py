@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.device import copy_to_device, to_device
+from engine.grammar.masks import mask_logits
 from engine.quant.kernels import cpu_ops_for
 from engine.sampling_params import SamplingParams
 
@@ -34,7 +35,7 @@ class SamplingBatch:
     use_top_p: bool = False
     use_min_p: bool = False
     max_num_logprobs: int | None = None  # None: no row wants logprobs
-    allowed: torch.Tensor | None = None  # [num_rows, vocab] bool: a grammar's tokens; None: all
+    bitmask: torch.Tensor | None = None  # [num_rows, words] int32 (host): a grammar's tokens; None: all
 
 
 @dataclass
@@ -213,8 +214,8 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Grammar mask, logit bias, then penalties: what greedy rows take the argmax of. Masked
     tokens stay at -inf through bias and penalties, so every later step sees the masked
     distribution."""
-    if batch.allowed is not None:
-        logits = logits.masked_fill(~batch.allowed, float("-inf"))
+    if batch.bitmask is not None:
+        logits = mask_logits(logits, batch.bitmask)
     if batch.logit_bias is not None:
         bias = batch.logit_bias
         logits = logits.index_put((bias.rows, bias.token_ids), bias.values, accumulate=True)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.device import to_device
+from engine.quant.kernels import cpu_ops_for
 
 
 def allocate_bitmask(num_rows: int, num_words: int) -> torch.Tensor:  # [num_rows, words] int32
@@ -38,6 +39,16 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int,
 
 def apply_allowed(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~allowed, float("-inf"))
+
+
+def mask_logits(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """A new [rows, vocab] tensor with every token the bitmask ([rows, words] int32 on the host)
+    does not allow at -inf: in one compiled pass on CPU, unpacked on the logits' device
+    elsewhere."""
+    fused = cpu_ops_for(logits)
+    if fused is not None and logits.dim() == 2 and logits.is_contiguous():
+        return fused.mask_logits(logits, bitmask)
+    return apply_allowed(logits, unpack_bitmask(bitmask, logits.shape[-1], logits.device))
 
 
 def known_next_tokens(requests: Sequence, row_starts: Sequence[int],

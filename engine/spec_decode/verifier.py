@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.device import copy_to_device
-from engine.grammar.masks import build_bitmask, unpack_bitmask
+from engine.grammar.masks import build_bitmask
 from engine.sampler import (
     SamplingBatch,
     argmax_rows,
@@ -95,9 +95,7 @@ def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
                                  shared_generator)
     if bitmask is None:
         bitmask = build_bitmask(requests, row_starts, logits.shape[0])
-    if bitmask is not None:
-        # The target's distribution at every verified position is the masked one.
-        batch.allowed = unpack_bitmask(bitmask, logits.shape[-1], logits.device)
+    batch.bitmask = bitmask  # the target's distribution at every verified position is the masked one
     return verify(logits, batch, seqs)
 
 

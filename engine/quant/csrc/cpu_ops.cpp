@@ -7,6 +7,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdint>
@@ -79,6 +80,34 @@ torch::Tensor argmax_rows(const torch::Tensor& x) {
     at::parallel_for(0, N, 4, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) op[r] = ops.argmax_row(xp + r * stride, V);
     });
+    return out;
+}
+
+// [N, V] logits and [N, W] int32 grammar bitmask words (bit t % 32 of word t / 32 allows token
+// t, W * 32 >= V) -> a new [N, V] tensor with every disallowed token at -inf: the torch path
+// (unpack to [N, W, 32] int32, then masked_fill) moved ~1 MB of temporaries per row.
+torch::Tensor mask_logits(const torch::Tensor& logits, const torch::Tensor& bitmask) {
+    check_float_rows(logits, "logits");
+    TORCH_CHECK(bitmask.scalar_type() == torch::kInt32 && bitmask.is_contiguous() &&
+                    bitmask.dim() == 2 && logits.dim() == 2 && bitmask.size(0) == logits.size(0) &&
+                    bitmask.size(1) * 32 >= logits.size(1),
+                "bitmask must be contiguous int32 [rows, words] covering the logits' columns");
+    const int64_t N = logits.size(0), V = logits.size(1), W = bitmask.size(1);
+    auto out = torch::empty_like(logits);
+    const float* in = logits.data_ptr<float>();
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
+    float* o = out.data_ptr<float>();
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (int64_t r = 0; r < N; ++r)
+        for (int64_t w = 0; w * 32 < V; ++w) {
+            const uint32_t word = words[r * W + w];
+            const int64_t base = r * V + w * 32, n = std::min<int64_t>(32, V - w * 32);
+            if (word == 0xFFFFFFFFu) {
+                std::memcpy(o + base, in + base, n * sizeof(float));
+            } else {
+                for (int64_t b = 0; b < n; ++b) o[base + b] = (word >> b) & 1u ? in[base + b] : ninf;
+            }
+        }
     return out;
 }
 
@@ -204,6 +233,9 @@ void paged_attention_small(const torch::Tensor& q, const torch::Tensor& k_cache,
 void register_cpu_ops(pybind11::module& m) {
     m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "weight * x / rms(x)", py::arg("x"), py::arg("weight"),
           py::arg("eps"));
+    m.def("mask_logits", &mask_logits, py::call_guard<py::gil_scoped_release>(),
+          "logits with every token the bitmask does not allow at -inf", py::arg("logits"),
+          py::arg("bitmask"));
     m.def("argmax_rows", &argmax_rows, py::call_guard<py::gil_scoped_release>(),
           "torch.argmax(x, dim=-1) of a float32 [N, V] tensor", py::arg("x"));
     m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up of [T, 2I]", py::arg("gate_up"));

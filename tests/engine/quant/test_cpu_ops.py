@@ -232,3 +232,26 @@ def test_fused_decoder_layer_equals_the_python_layers(ops, monkeypatch, default_
         assert a.token_ids == b.token_ids
         for x, y in zip(a.logprobs, b.logprobs):
             assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+
+
+def test_mask_logits_is_the_unpacked_masked_fill(ops):
+    """The compiled grammar mask equals unpacking the words and masked_fill, bitwise, with words
+    all set, all clear, the sign bit, and a vocabulary that ends inside a word; the control:
+    the bits read the other way round give another result."""
+    from engine.grammar.masks import apply_allowed, unpack_bitmask
+
+    vocab = 70  # two words and 6 bits of a third
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, vocab, generator=generator)
+    bitmask = torch.randint(-2**31, 2**31, (4, 3), dtype=torch.int32, generator=generator)
+    bitmask[1, 0], bitmask[2, 1], bitmask[3, 2] = -1, 0, -2**31
+    expected = apply_allowed(logits, unpack_bitmask(bitmask, vocab, torch.device("cpu")))
+    ours = ops.mask_logits(logits, bitmask)
+    assert torch.equal(ours, expected) and not torch.equal(ours, logits)
+    assert torch.equal(logits, torch.randn(4, vocab, generator=torch.Generator().manual_seed(0)))
+    reversed_bits = torch.tensor([[int(f"{w & 0xFFFFFFFF:032b}"[::-1], 2) for w in row]
+                                  for row in bitmask.tolist()], dtype=torch.int64)
+    reversed_bits = ((reversed_bits + 2**31) % 2**32 - 2**31).to(torch.int32)
+    assert not torch.equal(ops.mask_logits(logits, reversed_bits), expected)
+    with pytest.raises(RuntimeError, match="covering"):
+        ops.mask_logits(torch.randn(4, 100), bitmask)
