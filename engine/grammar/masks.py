@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.device import to_device
-from engine.quant.kernels import cpu_ops_for
+from engine.quant.kernels import cpu_ops_for, cpu_ops_on
 
 
 def allocate_bitmask(num_rows: int, num_words: int) -> torch.Tensor:  # [num_rows, words] int32
@@ -60,17 +60,27 @@ def known_next_tokens(requests: Sequence, row_starts: Sequence[int],
     so the LM head need not compute these rows (grammar-forced drafts are such rows)."""
     if bitmask is None:
         return {}
-    words = bitmask.to(torch.int64) & 0xFFFFFFFF  # each word unsigned
-    nonzero = words != 0
-    single = set((nonzero.sum(dim=1) == 1).nonzero().flatten().tolist())
+    tokens = single_token_rows(bitmask).tolist()
     known = {}
     for request, start in zip(requests, row_starts):
         if request.grammar is None or request.sampling_params.logprobs is not None:
             continue
         for row in range(start, start + len(request.draft_token_ids) + 1):
-            if row in single:
-                index = int(nonzero[row].nonzero()[0])
-                word = int(words[row, index])
-                if word & (word - 1) == 0:  # one bit
-                    known[row] = index * 32 + word.bit_length() - 1
+            if tokens[row] >= 0:
+                known[row] = tokens[row]
     return known
+
+
+def single_token_rows(bitmask: torch.Tensor) -> torch.Tensor:  # [rows] int64
+    """Per row of a [rows, words] int32 bitmask, the one token it allows, or -1 (none or
+    several): compiled on CPU, in torch where the extension is missing."""
+    fused = cpu_ops_on(torch.device("cpu"), torch.float32)  # None where it did not build
+    if fused is not None:
+        return fused.single_token_rows(bitmask.contiguous())
+    words = bitmask.to(torch.int64) & 0xFFFFFFFF  # each word unsigned
+    one_word = (words != 0).sum(dim=1) == 1
+    word = words.sum(dim=1)  # the nonzero word, where there is one
+    one_bit = one_word & (word & (word - 1) == 0)
+    index = (words != 0).to(torch.int64).argmax(dim=1)
+    bit = torch.log2(word.clamp(min=1).double()).round().to(torch.int64)
+    return torch.where(one_bit, index * 32 + bit, torch.full_like(word, -1))

@@ -202,6 +202,25 @@ def test_known_next_tokens_reads_one_bit_rows_of_requests_without_logprobs():
     assert known_next_tokens(requests, [0, 3, 4], None) == {}
 
 
+def test_single_token_rows_compiled_and_in_torch_agree(monkeypatch):
+    """The compiled reading of one-token rows and its torch fallback, on random rows, rows with
+    one bit anywhere (the sign bit too) and rows with two bits in different words."""
+    import engine.grammar.masks as masks
+
+    generator = torch.Generator().manual_seed(0)
+    bitmask = torch.randint(-2**31, 2**31, (40, 5), dtype=torch.int32, generator=generator)
+    for row in range(32):
+        bitmask[row] = 0
+        bitmask[row, row % 5] = -(1 << 31) if row % 7 == 0 else 1 << (row % 31)
+    bitmask[30, 4] = 1  # two bits, two words
+    bitmask[31] = 0  # nothing allowed
+    compiled = masks.single_token_rows(bitmask)
+    monkeypatch.setattr(masks, "cpu_ops_on", lambda device, dtype: None)
+    assert torch.equal(masks.single_token_rows(bitmask), compiled)
+    expected = [row % 5 * 32 + (31 if row % 7 == 0 else row % 31) for row in range(30)]
+    assert compiled.tolist() == expected + [-1] * 10
+
+
 # ------------------------------------------------------------------ the pieces
 @pytest.fixture(scope="module")
 def toy_compiler(default_llm):

@@ -98,16 +98,47 @@ torch::Tensor mask_logits(const torch::Tensor& logits, const torch::Tensor& bitm
     const uint32_t* words = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
     float* o = out.data_ptr<float>();
     const float ninf = -std::numeric_limits<float>::infinity();
-    for (int64_t r = 0; r < N; ++r)
-        for (int64_t w = 0; w * 32 < V; ++w) {
-            const uint32_t word = words[r * W + w];
-            const int64_t base = r * V + w * 32, n = std::min<int64_t>(32, V - w * 32);
-            if (word == 0xFFFFFFFFu) {
-                std::memcpy(o + base, in + base, n * sizeof(float));
-            } else {
-                for (int64_t b = 0; b < n; ++b) o[base + b] = (word >> b) & 1u ? in[base + b] : ninf;
+    // Up to 16 rows in one thread: measured on 2 cores, splitting them gained nothing
+    // (89.7 vs 92.1 us), while 64 rows went from 385 to 216 us in two.
+    at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r)
+            for (int64_t w = 0; w * 32 < V; ++w) {
+                const uint32_t word = words[r * W + w];
+                const int64_t base = r * V + w * 32, n = std::min<int64_t>(32, V - w * 32);
+                if (word == 0xFFFFFFFFu) {
+                    std::memcpy(o + base, in + base, n * sizeof(float));
+                } else if (word == 0) {  // most words of a constrained row
+                    std::fill(o + base, o + base + n, ninf);
+                } else {
+                    for (int64_t b = 0; b < n; ++b) o[base + b] = (word >> b) & 1u ? in[base + b] : ninf;
+                }
             }
+    });
+    return out;
+}
+
+// [N, W] int32 grammar bitmask words -> int64 [N]: the one token a row allows, or -1 where it
+// allows none or several (grammar/masks.py `known_next_tokens`).
+torch::Tensor single_token_rows(const torch::Tensor& bitmask) {
+    TORCH_CHECK(bitmask.scalar_type() == torch::kInt32 && bitmask.is_contiguous() &&
+                    bitmask.dim() == 2, "bitmask must be contiguous int32 [rows, words]");
+    const int64_t N = bitmask.size(0), W = bitmask.size(1);
+    auto out = torch::full({N}, -1, torch::kLong);
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
+    int64_t* o = out.data_ptr<int64_t>();
+    for (int64_t r = 0; r < N; ++r) {
+        int64_t token = -1;
+        for (int64_t w = 0; w < W; ++w) {
+            const uint32_t word = words[r * W + w];
+            if (word == 0) continue;
+            if (token >= 0 || (word & (word - 1)) != 0) {  // a second bit
+                token = -2;
+                break;
+            }
+            token = w * 32 + __builtin_ctz(word);
         }
+        o[r] = token < 0 ? -1 : token;
+    }
     return out;
 }
 
@@ -236,6 +267,8 @@ void register_cpu_ops(pybind11::module& m) {
     m.def("mask_logits", &mask_logits, py::call_guard<py::gil_scoped_release>(),
           "logits with every token the bitmask does not allow at -inf", py::arg("logits"),
           py::arg("bitmask"));
+    m.def("single_token_rows", &single_token_rows, py::call_guard<py::gil_scoped_release>(),
+          "per bitmask row, the one token it allows, or -1", py::arg("bitmask"));
     m.def("argmax_rows", &argmax_rows, py::call_guard<py::gil_scoped_release>(),
           "torch.argmax(x, dim=-1) of a float32 [N, V] tensor", py::arg("x"));
     m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up of [T, 2I]", py::arg("gate_up"));
