@@ -28,7 +28,7 @@ from engine.request import Request
 from engine.spec_decode.stats import PRIOR_ACCEPTANCE, AcceptanceTracker
 from engine.spec_decode.eagle_head import EagleHead
 from engine.spec_decode.model_drafter import sample_drafts
-from engine.spec_decode.ngram import find_continuation
+from engine.spec_decode.ngram import NgramLookup
 from engine.spec_decode.proposer import Proposal, Proposer
 
 
@@ -47,6 +47,7 @@ class EagleProposer(Proposer):
         self.device = device
         self.shared_generator = shared_generator
         self.ngram = ngram
+        self.copy_lookup = NgramLookup(*ngram) if ngram else None
         self.num_sequential_steps = 0  # head forwards in the last propose(), for the cost model
         self._copies: dict[str, list[int]] = {}  # this step's lookup drafts, by request id
         self.head_prior = head_prior
@@ -80,8 +81,7 @@ class EagleProposer(Proposer):
                 # Copies start from n-gram lookup's prior, not the head's measured acceptance.
                 trackers.update(head=request.acceptance,
                                 copy=AcceptanceTracker(prior=PRIOR_ACCEPTANCE))
-            copied = (find_continuation(request.all_token_ids, k, *self.ngram)
-                      if self.ngram and k > 0 else [])
+            copied = self.copy_lookup.continuation(request, k) if self.copy_lookup else []
             use_copy = bool(copied) and \
                 trackers["copy"].estimate() >= trackers["head"].estimate(self.head_prior)
             if use_copy:

