@@ -4,7 +4,6 @@ reads them too. Nothing here knows about Prometheus."""
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 
@@ -85,7 +84,7 @@ class StepRecorder:
         self._preemptions = self.scheduler.num_preemptions
         prefix = self.block_manager.prefix_stats
         self._prefix = (prefix.queries, prefix.hits)
-        self._spec = copy.deepcopy(self.scheduler.spec_stats)
+        self._spec = self.scheduler.spec_stats.snapshot()
 
     def finish(self, plan, num_prompt_tokens: int, num_generated_tokens: int,
                inter_token_latencies: list[float]) -> StepStats:

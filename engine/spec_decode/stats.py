@@ -7,6 +7,7 @@ accepts a drafts adds one to positions 0..a-1 and the list never increases along
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -20,6 +21,10 @@ class SpecStats:
     # Of the above, drafts a grammar forced (structured output) and how many were accepted.
     num_forced_draft_tokens: int = 0
     num_forced_accepted_tokens: int = 0
+
+    def snapshot(self) -> "SpecStats":
+        """A copy to subtract from later (taken every engine step: copy.deepcopy cost ~40 us)."""
+        return dataclasses.replace(self, accepted_per_position=list(self.accepted_per_position))
 
     def record_forced(self, num_draft_tokens: int, num_accepted: int) -> None:
         self.num_forced_draft_tokens += num_draft_tokens
