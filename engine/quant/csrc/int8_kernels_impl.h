@@ -11,9 +11,10 @@
 
 #include "gguf_blocks.h"  // fp16_to_float, read_u16 (plain C++ here: exact either way)
 
-// 4 activation rows share each weight group's unpacked registers (the weights of a group are
-// read from memory once per call, then from L1).
-constexpr int64_t kRowChunk = 4;
+// Activation rows that share each weight group's unpacked registers (the weights of a group are
+// read from memory once per call, then from L1): 4 in the 16 registers of the 256-bit variants,
+// 8 in AVX-512's 32, so a 6-row verify step unpacks each block once, not twice (4 + 2).
+constexpr int64_t kRowChunk = INT8_ISA == 2 ? 8 : 4;
 // A weight streams from L3 or memory at what one core's outstanding misses allow; asking for the
 // lines 4 KB on (the next groups) keeps more misses in flight: 1.7-2x faster over a whole step's
 // 121 calls on the Xeon (benchmarks: "Integer GGUF kernels" in the README). A hint only: it
@@ -237,6 +238,12 @@ static void group_chunk(int64_t type, const uint8_t* group, int64_t num_blocks, 
 static void group_rows(int64_t type, const uint8_t* group, int64_t num_blocks, const Int8Rows& x,
                        int64_t n0, int64_t rows, float* y, int64_t y_stride) {
     switch (rows) {
+#if INT8_ISA == 2
+        case 8: return group_chunk<8>(type, group, num_blocks, x, n0, y, y_stride);
+        case 7: return group_chunk<7>(type, group, num_blocks, x, n0, y, y_stride);
+        case 6: return group_chunk<6>(type, group, num_blocks, x, n0, y, y_stride);
+        case 5: return group_chunk<5>(type, group, num_blocks, x, n0, y, y_stride);
+#endif
         case 4: return group_chunk<4>(type, group, num_blocks, x, n0, y, y_stride);
         case 3: return group_chunk<3>(type, group, num_blocks, x, n0, y, y_stride);
         case 2: return group_chunk<2>(type, group, num_blocks, x, n0, y, y_stride);
