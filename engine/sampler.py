@@ -8,6 +8,7 @@ in the batch or on whether it was preempted and recomputed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,28 @@ from engine.device import copy_to_device, to_device
 from engine.grammar.masks import mask_logits
 from engine.quant.kernels import cpu_ops_for
 from engine.sampling_params import SamplingParams
+
+
+class TokenHistory(Sequence):
+    """A row's generated tokens: the request's output, then the first `num_drafts` of its drafts,
+    without copying them. Every verified row of every request needs one each step, and only
+    penalties read the tokens (seeded generators read the length): copying 2,000-token outputs
+    for 16 requests x 6 rows cost ~0.5 ms a step."""
+
+    __slots__ = ("output", "drafts", "num_drafts")
+
+    def __init__(self, output: list[int], drafts: list[int], num_drafts: int):
+        self.output, self.drafts, self.num_drafts = output, drafts, num_drafts
+
+    def __len__(self) -> int:
+        return len(self.output) + self.num_drafts
+
+    def __iter__(self):
+        yield from self.output
+        yield from self.drafts[:self.num_drafts]
+
+    def __getitem__(self, index):
+        return list(self)[index]
 
 
 @dataclass

@@ -11,6 +11,7 @@ from engine.attention.metadata import build_attention_metadata
 from engine.models.llama import LlamaForCausalLM
 from engine.request import Request
 from engine.sampler import (
+    TokenHistory,
     argmax_rows,
     build_sampling_batch,
     choose_tokens,
@@ -101,7 +102,7 @@ def sample_drafts(logits: torch.Tensor, requests, drafts_so_far, device: torch.d
     params = [r.sampling_params for r in requests]
     batch = build_sampling_batch(
         params, [r.prompt_token_ids for r in requests],
-        [r.output_token_ids + d for r, d in zip(requests, drafts_so_far)],
+        [TokenHistory(r.output_token_ids, d, len(d)) for r, d in zip(requests, drafts_so_far)],
         logits.shape[-1], device, generator, seed_offset=DRAFT_SEED_OFFSET,
     )
     if batch.all_greedy:

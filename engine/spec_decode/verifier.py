@@ -20,6 +20,7 @@ from engine.device import copy_to_device
 from engine.grammar.masks import build_bitmask
 from engine.sampler import (
     SamplingBatch,
+    TokenHistory,
     argmax_rows,
     build_sampling_batch,
     choose_tokens,
@@ -88,7 +89,7 @@ def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
         for j in range(len(drafts) + 1):
             params.append(request.sampling_params)
             prompts.append(request.prompt_token_ids)
-            histories.append(request.output_token_ids + drafts[:j])
+            histories.append(TokenHistory(request.output_token_ids, drafts, j))
         seqs.append(VerifySeq(row_start, drafts, draft_probs.get(request.request_id),
                               request.sampling_params.greedy))
     batch = build_sampling_batch(params, prompts, histories, logits.shape[-1], logits.device,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.sampler import (
+    TokenHistory,
     apply_penalties,
     apply_top_k_top_p_min_p,
     build_sampling_batch,
@@ -274,3 +275,27 @@ def test_host_copies_take_tensors_already_on_the_device(device):
     moved = copy_to_device(made_there, target)
     assert [t.shape for t in moved] == [(3,), (2, 1)] and moved[0].device.type == target.type
     assert to_device(made_there[0], target).device.type == target.type
+
+
+def test_token_history_views_build_the_batch_the_copied_histories_build():
+    """Verified rows read their history through TokenHistory (output + the first j drafts, no
+    copy): penalties and seeded generators equal those of copied lists; a view one draft short
+    (the negative control) gives other penalty counts."""
+    params = [SamplingParams(temperature=0.7, seed=3, repetition_penalty=1.3,
+                             frequency_penalty=0.4, presence_penalty=0.2)] * 3
+    output, drafts = [5, 9, 5, 2], [9, 9, 7]
+    prompts = [[1, 2, 5]] * 3
+    copied = [output + drafts[:j] for j in range(3)]
+    views = [TokenHistory(output, drafts, j) for j in range(3)]
+    short = [TokenHistory(output, drafts, max(j - 1, 0)) for j in range(3)]
+
+    def build(histories):
+        return build_sampling_batch(params, prompts, histories, 16, torch.device("cpu"))
+
+    expected, got, wrong = build(copied), build(views), build(short)
+    assert torch.equal(got.penalties.output_counts, expected.penalties.output_counts)
+    assert torch.equal(got.penalties.seen_mask, expected.penalties.seen_mask)
+    assert [g.initial_seed() for g in got.generators] == \
+        [g.initial_seed() for g in expected.generators]
+    assert not torch.equal(wrong.penalties.output_counts, expected.penalties.output_counts)
+    assert list(views[2]) == copied[2] and len(views[2]) == 6 and views[2][-1] == 9
