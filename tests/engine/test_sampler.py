@@ -1,5 +1,6 @@
-"""Tests of engine.sampler on forged logits (no model): exact filter and penalty cases, greedy rows,
-seeded determinism and logprobs. Sampling's convergence to the target distribution:
+"""Tests of engine.sampler on forged logits (no model): exact filter cases, greedy rows, logit
+bias, seeded determinism and logprobs. Penalties and the token histories they read:
+test_sampler_penalties.py. Sampling's convergence to the target distribution:
 test_sampler_distribution.py."""
 
 from __future__ import annotations
@@ -8,36 +9,15 @@ import pytest
 import torch
 
 from engine.sampler import (
-    TokenHistory,
-    apply_penalties,
     apply_top_k_top_p_min_p,
-    build_sampling_batch,
     sample,
     seeded_generator,
     target_probs,
 )
 from engine.sampling_params import SamplingParams
-from tests.conftest import DEVICES
+from tests.engine.sampler_helpers import device, make_batch, rng  # noqa: F401  (device: autouse)
 
 FORGED_PROBS = [0.5, 0.3, 0.15, 0.05]
-
-
-@pytest.fixture(autouse=True, params=DEVICES)
-def device(request):
-    """Every test on every device present: tensors made without a device land on it."""
-    with torch.device(request.param):
-        yield torch.device(request.param)
-
-
-def rng(seed: int) -> torch.Generator:
-    return torch.Generator(device=torch.get_default_device()).manual_seed(seed)
-
-
-def make_batch(params, vocab_size, prompts=None, outputs=None, generator=None):
-    prompts = prompts or [[] for _ in params]
-    outputs = outputs or [[] for _ in params]
-    return build_sampling_batch(params, prompts, outputs, vocab_size, torch.get_default_device(),
-                                generator)
 
 
 def kept(row: torch.Tensor) -> set[int]:
@@ -140,35 +120,6 @@ def test_target_probs_zero_outside_filters_and_renormalized():
     batch = make_batch([SamplingParams(top_p=0.8)], 4)
     torch.testing.assert_close(target_probs(forged_logits(), batch),
                                torch.tensor([[0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0]]))
-
-
-# --------------------------------------------------------------------------------- penalties
-def test_penalties_exact_values():
-    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5, 3.0]] * 4)
-    params = [SamplingParams(repetition_penalty=2.0), SamplingParams(frequency_penalty=0.5),
-              SamplingParams(presence_penalty=0.25), SamplingParams()]
-    prompts = [[0, 1]] * 4
-    outputs = [[2, 3, 2]] * 4
-    batch = make_batch(params, 6, prompts, outputs)
-    penalized = apply_penalties(logits, batch.penalties)
-    expected = torch.tensor([
-        [1.0, -4.0, 0.5, -2.0, 0.5, 3.0],  # prompt and output tokens: /2 if > 0, *2 if < 0
-        [2.0, -2.0, 0.0, -1.5, 0.5, 3.0],  # output tokens only, times their count
-        [2.0, -2.0, 0.75, -1.25, 0.5, 3.0],  # output tokens only, once
-        [2.0, -2.0, 1.0, -1.0, 0.5, 3.0],  # no penalties: untouched
-    ])
-    torch.testing.assert_close(penalized, expected)
-
-
-def test_penalties_combine_and_change_greedy_choice():
-    logits = torch.tensor([[3.0, 2.9, 0.0, -1.0]])
-    params = [SamplingParams(temperature=0, repetition_penalty=1.5, frequency_penalty=0.5,
-                             presence_penalty=0.5)]
-    batch = make_batch(params, 4, [[3]], [[0, 0]])
-    # token 0: 3 / 1.5 - 0.5 * 2 - 0.5 = 0.5; token 3 (prompt): -1 * 1.5 = -1.5
-    torch.testing.assert_close(apply_penalties(logits, batch.penalties),
-                               torch.tensor([[0.5, 2.9, 0.0, -1.5]]))
-    assert sample(logits, batch).token_ids.tolist() == [1]
 
 
 def test_logit_bias_adds_to_its_own_row_and_token():
@@ -275,27 +226,3 @@ def test_host_copies_take_tensors_already_on_the_device(device):
     moved = copy_to_device(made_there, target)
     assert [t.shape for t in moved] == [(3,), (2, 1)] and moved[0].device.type == target.type
     assert to_device(made_there[0], target).device.type == target.type
-
-
-def test_token_history_views_build_the_batch_the_copied_histories_build():
-    """Verified rows read their history through TokenHistory (output + the first j drafts, no
-    copy): penalties and seeded generators equal those of copied lists; a view one draft short
-    (the negative control) gives other penalty counts."""
-    params = [SamplingParams(temperature=0.7, seed=3, repetition_penalty=1.3,
-                             frequency_penalty=0.4, presence_penalty=0.2)] * 3
-    output, drafts = [5, 9, 5, 2], [9, 9, 7]
-    prompts = [[1, 2, 5]] * 3
-    copied = [output + drafts[:j] for j in range(3)]
-    views = [TokenHistory(output, drafts, j) for j in range(3)]
-    short = [TokenHistory(output, drafts, max(j - 1, 0)) for j in range(3)]
-
-    def build(histories):
-        return build_sampling_batch(params, prompts, histories, 16, torch.device("cpu"))
-
-    expected, got, wrong = build(copied), build(views), build(short)
-    assert torch.equal(got.penalties.output_counts, expected.penalties.output_counts)
-    assert torch.equal(got.penalties.seen_mask, expected.penalties.seen_mask)
-    assert [g.initial_seed() for g in got.generators] == \
-        [g.initial_seed() for g in expected.generators]
-    assert not torch.equal(wrong.penalties.output_counts, expected.penalties.output_counts)
-    assert list(views[2]) == copied[2] and len(views[2]) == 6 and views[2][-1] == 9
