@@ -69,6 +69,9 @@ class Request:
     # proposer (writer: the speculation step).
     grammar: object | None = None  # engine.grammar.GrammarMatcher
     num_forced_drafts: int = 0
+    # Times generated tokens were taken back (truncate_output): what was derived from the
+    # context so far (the n-gram index) is stale when it changes.
+    num_truncations: int = 0
 
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the leading full blocks
@@ -92,6 +95,8 @@ class Request:
     def truncate_output(self, num_output_tokens: int) -> None:
         """Drops generated tokens past the first `num_output_tokens` (a stop string ended the
         text inside a run of accepted drafts)."""
+        if num_output_tokens < len(self.output_token_ids):
+            self.num_truncations += 1
         del self.output_token_ids[num_output_tokens:]
         del self.all_token_ids[self.num_prompt_tokens + num_output_tokens:]
 

@@ -41,12 +41,15 @@ class NgramIndex:
     def __init__(self, ngram_max: int, ngram_min: int):
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
         self._starts: dict[int, dict[tuple[int, ...], int]] = {}
-        self._tokens: list[int] = []  # the context indexed so far
+        self._num_indexed = 0  # leading tokens of the context indexed so far
+        self._version = 0
 
-    def continuation(self, token_ids: list[int], num_tokens: int) -> list[int]:
+    def continuation(self, token_ids: list[int], num_tokens: int, version: int = 0) -> list[int]:
+        """`version`: changes whenever tokens were taken back from the context (a request's
+        `num_truncations`); appending alone keeps it."""
         if num_tokens <= 0:
             return []
-        self._extend(token_ids)
+        self._extend(token_ids, version)
         length = len(token_ids)
         for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
             start = self._starts[n].get(tuple(token_ids[length - n:]))
@@ -54,18 +57,18 @@ class NgramIndex:
                 return list(token_ids[start + n:start + n + num_tokens])
         return []
 
-    def _extend(self, token_ids: list[int]) -> None:
-        known = len(self._tokens)
-        if len(token_ids) < known or token_ids[:known] != self._tokens:
+    def _extend(self, token_ids: list[int], version: int) -> None:
+        known = self._num_indexed
+        if version != self._version or len(token_ids) < known:
             # Tokens were taken back (a stop string inside accepted drafts): start again.
-            self._starts, self._tokens, known = {}, [], 0
+            self._starts, self._version, known = {}, version, 0
         for n in range(self.ngram_min, self.ngram_max + 1):
             starts = self._starts.setdefault(n, {})
             # The n-gram at `start` is indexed once the token after it exists; later starts
             # overwrite earlier ones, so each key holds its most recent occurrence.
             for start in range(max(known - n, 0), len(token_ids) - n):
                 starts[tuple(token_ids[start:start + n])] = start
-        self._tokens.extend(token_ids[known:])
+        self._num_indexed = len(token_ids)
 
 
 class NgramLookup:
@@ -80,7 +83,7 @@ class NgramLookup:
         index = self._indexes.get(request)
         if index is None:
             index = self._indexes[request] = NgramIndex(self.ngram_max, self.ngram_min)
-        return index.continuation(request.all_token_ids, num_tokens)
+        return index.continuation(request.all_token_ids, num_tokens, request.num_truncations)
 
 
 class NgramProposer(Proposer):

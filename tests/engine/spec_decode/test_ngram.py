@@ -107,13 +107,15 @@ def _index_like_scan(index_class, seed: int) -> bool:
     rng = random.Random(seed)
     tokens = [rng.randrange(6) for _ in range(rng.randrange(1, 20))]
     index = index_class(ngram_max=4, ngram_min=1)
+    version = 0
     for step in range(60):
         k = rng.randrange(0, 5)
-        if index.continuation(tokens, k) != find_continuation(tokens, k, 4, 1):
+        if index.continuation(tokens, k, version) != find_continuation(tokens, k, 4, 1):
             return False
         if step == 30:
             del tokens[len(tokens) // 2:]
             tokens.append(rng.randrange(6))  # taken back, then another token at the same place
+            version += 1
         tokens.extend(rng.randrange(6) for _ in range(rng.randrange(1, 4)))
     return True
 
@@ -127,18 +129,20 @@ def test_an_index_that_keeps_first_occurrences_or_ignores_truncation_is_caught()
     occurrence rather than its most recent, and one that does not notice taken-back tokens."""
 
     class FirstOccurrence(NgramIndex):
-        def _extend(self, token_ids):
-            known = len(self._tokens)
+        def _extend(self, token_ids, version):
+            known = self._num_indexed
             for n in range(self.ngram_min, self.ngram_max + 1):
                 starts = self._starts.setdefault(n, {})
                 for start in range(max(known - n, 0), len(token_ids) - n):
                     starts.setdefault(tuple(token_ids[start:start + n]), start)
-            self._tokens.extend(token_ids[known:])
+            self._num_indexed = len(token_ids)
 
     class BlindToTruncation(NgramIndex):
-        def _extend(self, token_ids):
-            self._tokens = list(token_ids[:len(self._tokens)])  # trusts what it indexed
-            super()._extend(token_ids)
+        def _extend(self, token_ids, version):
+            # Trusts that what it indexed is unchanged: ignores the version and reads a shorter
+            # context as one it has indexed up to its length.
+            self._num_indexed = min(self._num_indexed, len(token_ids))
+            super()._extend(token_ids, self._version)
 
     assert not all(_index_like_scan(FirstOccurrence, seed) for seed in range(200))
     assert not all(_index_like_scan(BlindToTruncation, seed) for seed in range(200))
