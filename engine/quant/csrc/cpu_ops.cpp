@@ -25,9 +25,7 @@ void check_float_rows(const torch::Tensor& t, const char* name) {
 }
 
 // Multiply-adds of attention (query rows x heads x keys x head_dim) below which one thread does
-// it all. At 1 << 16 (the bound before) a batch-1 step at ~100 tokens of context ran its
-// attention on one thread; at 1 << 13 it splits from ~15 keys on, and the time outside the
-// matmuls of a batch-1 step went from 1.21-1.76 ms to 0.97-1.53 (7 runs each, AMD EPYC).
+// it all (at 1 << 13, a batch-1 step splits from ~15 keys on; see git log for the figures).
 constexpr int64_t kParallelAttentionWork = 1 << 13;
 
 }  // namespace
@@ -208,10 +206,12 @@ AttentionPlan plan_attention(const torch::Tensor& token_index, const torch::Tens
                 plan.slots.push_back(block * block_size + j);
         }
         slot_start[s + 1] = (int64_t)plan.slots.size();
+        plan.request_rows.push_back((int64_t)plan.rows.size());
         for (int64_t r = 0; r < qlens[s]; ++r)
             plan.rows.push_back({rows[s * max_q + r], slot_start[s], ctxs[s] - qlens[s] + r + 1});
         plan.work += qlens[s] * ctxs[s];
     }
+    plan.request_rows.push_back((int64_t)plan.rows.size());
     return plan;
 }
 
@@ -223,22 +223,39 @@ void attend(const AttentionPlan& plan, const float* q, int64_t q_row_stride, con
     const int64_t group = num_heads / num_kv_heads, slot_stride = num_kv_heads * D;
     const float scale = 1.0f / std::sqrt((float)D);
     const VecOps ops = vec_ops();
-    // Work items are (query row, head) pairs, each computed whole by one thread, so a row's
-    // result never depends on how the items were split. Splitting costs a few microseconds
-    // (more where the other thread sleeps): worth it only for enough multiply-adds.
-    const int64_t items = (int64_t)plan.rows.size() * num_heads;
+    const int64_t num_seqs = (int64_t)plan.request_rows.size() - 1;
+    // An item is a request's query heads on one KV head, sharing its key tiles: all its rows,
+    // and the whole GQA group where that leaves every thread two items (else one head of it).
+    // One thread computes an item, and a query's result never depends on the others in it
+    // (attend_heads), so a row's result is the same however rows are batched. Splitting costs a
+    // few microseconds: worth it only for enough multiply-adds.
+    const int64_t heads_per_item =
+        num_seqs * num_kv_heads >= 2 * at::get_num_threads() ? group : 1;
+    const int64_t parts = group / heads_per_item;
+    const int64_t items = num_seqs * num_kv_heads * parts;
     const int64_t grain = plan.work * num_heads * D < kParallelAttentionWork ? items : 1;
     at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> scores;
+        thread_local std::vector<float> scratch;
+        thread_local std::vector<HeadQuery> queries;
         for (int64_t item = begin; item < end; ++item) {
-            const AttentionPlan::Row& row = plan.rows[item / num_heads];
-            const int64_t h = item % num_heads, kvh = h / group;
-            if ((int64_t)scores.size() < row.num_keys) scores.resize(row.num_keys);
-            const int64_t* slots = plan.slots.data() + row.slot_start;
-            ops.attend_head(q + row.index * q_row_stride + h * D, D, scale,
-                            PagedRows{k_cache + kvh * D, slots, slot_stride},
-                            PagedRows{v_cache + kvh * D, slots, slot_stride}, row.num_keys,
-                            scores.data(), out + row.index * out_row_stride + h * D);
+            const int64_t s = item / (num_kv_heads * parts), kvh = item / parts % num_kv_heads;
+            const int64_t first_head = kvh * group + item % parts * heads_per_item;
+            const int64_t row_begin = plan.request_rows[s], row_end = plan.request_rows[s + 1];
+            queries.clear();
+            int64_t max_keys = 0;
+            for (int64_t r = row_begin; r < row_end; ++r) {
+                const AttentionPlan::Row& row = plan.rows[r];
+                max_keys = std::max(max_keys, row.num_keys);
+                for (int64_t h = first_head; h < first_head + heads_per_item; ++h)
+                    queries.push_back({q + row.index * q_row_stride + h * D,
+                                       out + row.index * out_row_stride + h * D, row.num_keys});
+            }
+            const int64_t need = attend_scratch_floats((int64_t)queries.size(), max_keys, D);
+            if ((int64_t)scratch.size() < need) scratch.resize(need);
+            const int64_t* slots = plan.slots.data() + plan.rows[row_begin].slot_start;
+            ops.attend_heads(queries.data(), (int64_t)queries.size(), D, scale,
+                             PagedRows{k_cache + kvh * D, slots, slot_stride},
+                             PagedRows{v_cache + kvh * D, slots, slot_stride}, scratch.data());
         }
     });
 }

@@ -267,10 +267,10 @@ torch::Tensor gguf_dequantize(const torch::Tensor& packed, int64_t type, int64_t
 VecOps vec_ops() {
     const int64_t isa = best_isa();
 #ifdef SPECSERVE_HAVE_X86_VARIANTS
-    if (isa == kAvx512) return {isa_avx512::attend_head, isa_avx512::silu_mul_row, isa_avx512::argmax_row};
-    if (isa == kAvx2) return {isa_avx2::attend_head, isa_avx2::silu_mul_row, isa_avx2::argmax_row};
+    if (isa == kAvx512) return {isa_avx512::attend_heads, isa_avx512::silu_mul_row, isa_avx512::argmax_row};
+    if (isa == kAvx2) return {isa_avx2::attend_heads, isa_avx2::silu_mul_row, isa_avx2::argmax_row};
 #endif
-    return {isa_generic::attend_head, isa_generic::silu_mul_row, isa_generic::argmax_row};
+    return {isa_generic::attend_heads, isa_generic::silu_mul_row, isa_generic::argmax_row};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -48,13 +48,14 @@ static void silu_mul_row(const float* gate, const float* up, float* out, int64_t
 }
 
 #ifdef GGUF_KERNEL_X86_SIMD
-// scores[p] = scale * q . k_p for p < n, D a multiple of 8: eight keys at a time, so eight
-// independent FMA chains keep both FMA units busy and one reduction tree serves eight dot
-// products (a horizontal sum per key cost as much as its FMAs).
-static void key_scores(const float* q, int64_t D, float scale, const PagedRows& keys, int64_t n,
-                       float* scores) {
+// scores[p] = scale * q . k_p for begin <= p < n (begin a multiple of 8), D a multiple of 8:
+// eight keys at a time, so eight independent FMA chains keep both FMA units busy and one
+// reduction tree serves eight dot products (a horizontal sum per key cost as much as its FMAs).
+// Each key's score is the same whatever the range it is computed in.
+static void key_scores(const float* q, int64_t D, float scale, const PagedRows& keys,
+                       int64_t begin, int64_t n, float* scores) {
     const __m256 scale8 = _mm256_set1_ps(scale);
-    for (int64_t p = 0; p < n; p += 8) {
+    for (int64_t p = begin; p < n; p += 8) {
         const int64_t count = n - p < 8 ? n - p : 8;
         const float* k[8];
         for (int j = 0; j < 8; ++j) k[j] = keys.row(p + (j < count ? j : 0));
@@ -108,46 +109,40 @@ static float softmax_numerators(float* s, int64_t n) {
     return hsum(total);
 }
 
-// out[0, 8 NV) = inv * sum_p w[p] v_p[0, 8 NV): the accumulators stay in registers.
+// acc[0, 8 NV) += sum_{begin <= p < end} w[p] v_p[0, 8 NV), in order of p: the accumulators
+// stay in registers over the range, and a sum split into ranges is the same as one pass.
 template <int NV>
-static void weighted_values(const float* w, const PagedRows& values, int64_t n, float inv,
-                            float* out) {
+static void weighted_values(const float* w, const PagedRows& values, int64_t begin, int64_t end,
+                            float* acc_out) {
     __m256 acc[NV];
-    for (int c = 0; c < NV; ++c) acc[c] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < n; ++p) {
+    for (int c = 0; c < NV; ++c) acc[c] = _mm256_loadu_ps(acc_out + 8 * c);
+    for (int64_t p = begin; p < end; ++p) {
         const __m256 weight = _mm256_set1_ps(w[p]);
         const float* v = values.row(p);
         for (int c = 0; c < NV; ++c) acc[c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + 8 * c), acc[c]);
     }
-    const __m256 scale = _mm256_set1_ps(inv);
-    for (int c = 0; c < NV; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], scale));
+    for (int c = 0; c < NV; ++c) _mm256_storeu_ps(acc_out + 8 * c, acc[c]);
+}
+
+static void weighted_values_of(int64_t nv, const float* w, const PagedRows& values, int64_t begin,
+                               int64_t end, float* acc) {
+    switch (nv) {
+        case 8: return weighted_values<8>(w, values, begin, end, acc);
+        case 7: return weighted_values<7>(w, values, begin, end, acc);
+        case 6: return weighted_values<6>(w, values, begin, end, acc);
+        case 5: return weighted_values<5>(w, values, begin, end, acc);
+        case 4: return weighted_values<4>(w, values, begin, end, acc);
+        case 3: return weighted_values<3>(w, values, begin, end, acc);
+        case 2: return weighted_values<2>(w, values, begin, end, acc);
+        default: return weighted_values<1>(w, values, begin, end, acc);
+    }
 }
 #endif
 
-// One query head attending over the first n keys of its KV head:
+// One query head attending over the first n keys of its KV head, without vectors:
 // out = softmax(scale * q K^T) V, q and out D floats, scores scratch of n floats.
-static void attend_head(const float* q, int64_t D, float scale, const PagedRows& keys,
-                        const PagedRows& values, int64_t n, float* scores, float* out) {
-#ifdef GGUF_KERNEL_X86_SIMD
-    if (D % 8 == 0) {
-        key_scores(q, D, scale, keys, n, scores);
-        const float inv = 1.0f / softmax_numerators(scores, n);
-        for (int64_t d = 0; d < D; d += 64) {  // 64 columns (8 registers) a pass over the values
-            const PagedRows part{values.base + d, values.slots, values.slot_stride};
-            switch ((D - d < 64 ? D - d : 64) / 8) {
-                case 8: weighted_values<8>(scores, part, n, inv, out + d); break;
-                case 7: weighted_values<7>(scores, part, n, inv, out + d); break;
-                case 6: weighted_values<6>(scores, part, n, inv, out + d); break;
-                case 5: weighted_values<5>(scores, part, n, inv, out + d); break;
-                case 4: weighted_values<4>(scores, part, n, inv, out + d); break;
-                case 3: weighted_values<3>(scores, part, n, inv, out + d); break;
-                case 2: weighted_values<2>(scores, part, n, inv, out + d); break;
-                default: weighted_values<1>(scores, part, n, inv, out + d); break;
-            }
-        }
-        return;
-    }
-#endif
+static void attend_head_scalar(const float* q, int64_t D, float scale, const PagedRows& keys,
+                               const PagedRows& values, int64_t n, float* scores, float* out) {
     float max_score = -INFINITY;
     for (int64_t p = 0; p < n; ++p) {
         const float* k = keys.row(p);
@@ -168,6 +163,60 @@ static void attend_head(const float* q, int64_t D, float scale, const PagedRows&
         for (int64_t d = 0; d < D; ++d) out[d] += scores[p] * v[d];
     }
     for (int64_t d = 0; d < D; ++d) out[d] *= inv;
+}
+
+// Query heads that read the same KV head (a request's rows, a GQA group's heads), each over its
+// own first num_keys keys: out = softmax(scale * q K^T) V. The keys and values go by in tiles of
+// kKeyTile, each used by every query while it is in L1: reading them once per query from L2
+// made attention a third of a 6-row verify step at 500 keys. Every query's arithmetic is that
+// of a query alone (per-key scores; sums over keys in order, carried across tiles in memory),
+// so its result never depends on the others. Scratch: (8 + round_up(max num_keys, 8) + D)
+// floats per query.
+constexpr int64_t kKeyTile = 64;
+
+static void attend_heads(const HeadQuery* queries, int64_t count, int64_t D, float scale,
+                         const PagedRows& keys, const PagedRows& values, float* scratch) {
+    int64_t max_keys = 0;
+    for (int64_t g = 0; g < count; ++g)
+        max_keys = queries[g].num_keys > max_keys ? queries[g].num_keys : max_keys;
+    const int64_t stride = (max_keys + 7) / 8 * 8 + D + 8;  // scores, then sums, then 1 / total
+#ifdef GGUF_KERNEL_X86_SIMD
+    if (D % 8 == 0) {
+        for (int64_t p = 0; p < max_keys; p += kKeyTile)
+            for (int64_t g = 0; g < count; ++g) {
+                const int64_t n = queries[g].num_keys;
+                if (p < n) key_scores(queries[g].q, D, scale, keys, p, p + kKeyTile < n ? p + kKeyTile : n,
+                                      scratch + g * stride);
+            }
+        for (int64_t g = 0; g < count; ++g) {
+            float* scores = scratch + g * stride;
+            scores[stride - 8] = 1.0f / softmax_numerators(scores, queries[g].num_keys);
+            for (int64_t d = 0; d < D; ++d) scores[stride - 8 - D + d] = 0.0f;
+        }
+        for (int64_t d = 0; d < D; d += 64) {  // 64 columns (8 registers) a pass over the values
+            const PagedRows part{values.base + d, values.slots, values.slot_stride};
+            const int64_t nv = (D - d < 64 ? D - d : 64) / 8;
+            for (int64_t p = 0; p < max_keys; p += kKeyTile)
+                for (int64_t g = 0; g < count; ++g) {
+                    const int64_t n = queries[g].num_keys;
+                    float* scores = scratch + g * stride;
+                    if (p < n) weighted_values_of(nv, scores, part, p, p + kKeyTile < n ? p + kKeyTile : n,
+                                                  scores + stride - 8 - D + d);
+                }
+        }
+        for (int64_t g = 0; g < count; ++g) {
+            const float* scores = scratch + g * stride;
+            const __m256 inv = _mm256_set1_ps(scores[stride - 8]);
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(queries[g].out + d,
+                                 _mm256_mul_ps(_mm256_loadu_ps(scores + stride - 8 - D + d), inv));
+        }
+        return;
+    }
+#endif
+    for (int64_t g = 0; g < count; ++g)
+        attend_head_scalar(queries[g].q, D, scale, keys, values, queries[g].num_keys,
+                           scratch + g * stride, queries[g].out);
 }
 
 // The index of the largest of x[0, n), the first where several tie and the first NaN if any:

@@ -19,17 +19,27 @@ struct PagedRows {
     const float* row(int64_t p) const { return base + slots[p] * slot_stride; }
 };
 
+// One query head's attention: out = softmax(scale * q K^T) V over its first num_keys keys.
+struct HeadQuery {
+    const float* q;
+    float* out;
+    int64_t num_keys;
+};
+
 struct VecOps {
-    // One query head attending over the first n keys of its KV head (see attend_head in
-    // vec_kernels_impl.h): out = softmax(scale * q K^T) V, with a scratch of n floats.
-    void (*attend_head)(const float* q, int64_t D, float scale, const PagedRows& keys,
-                        const PagedRows& values, int64_t n, float* scores, float* out);
+    // Query heads reading the same KV head (see attend_heads in vec_kernels_impl.h), with a
+    // scratch of attend_scratch_floats(count, max num_keys, D) floats.
+    void (*attend_heads)(const HeadQuery* queries, int64_t count, int64_t D, float scale,
+                         const PagedRows& keys, const PagedRows& values, float* scratch);
     void (*silu_mul_row)(const float* gate, const float* up, float* out, int64_t n);
     // torch.argmax of one row: the first of ties, the first NaN if any.
     int64_t (*argmax_row)(const float* x, int64_t n);
 };
 
 VecOps vec_ops();
+inline int64_t attend_scratch_floats(int64_t count, int64_t max_keys, int64_t D) {
+    return count * ((max_keys + 7) / 8 * 8 + D + 8);
+}
 void register_cpu_ops(pybind11::module& m);
 void register_decoder_stack(pybind11::module& m);
 
@@ -60,6 +70,7 @@ struct AttentionPlan {
     };
     std::vector<Row> rows;
     std::vector<int64_t> slots;  // each request's cache slots, request after request
+    std::vector<int64_t> request_rows;  // request s owns rows [request_rows[s], [s + 1])
     int64_t work = 0;            // sum over requests of query rows x keys
 };
 AttentionPlan plan_attention(const torch::Tensor& token_index, const torch::Tensor& query_lens,

@@ -165,11 +165,20 @@ def _attention_float64(q, k_cache, v_cache, table, num_keys):
     return torch.einsum("hn,nhd->hd", scores.softmax(-1), values)
 
 
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(previous)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 24, 20])
-def test_attention_rows_are_bitwise_the_same_alone_and_in_any_batch(ops, head_dim):
-    """Long contexts (the work is split over threads) and short ones (one thread), head sizes
-    on the vector path (multiples of 8, over and under 64 columns) and off it (20): every row
-    equals float64 attention, and bitwise what it gives as the only row of its call."""
+def test_attention_rows_are_bitwise_the_same_alone_and_in_any_batch(ops, head_dim, threads):
+    """Long contexts (the work is split over threads, in key tiles) and short ones (one thread),
+    head sizes on the vector path (multiples of 8, over and under 64 columns) and off it (20),
+    work items of one query head or of a whole GQA group (as threads and requests decide): every
+    row equals float64 attention, and bitwise what it gives as the only row of its call."""
     query_lens, context_lens = [5, 1, 3], [301, 77, 9]
     num_heads, num_kv_heads = 9, 3
     q, k_cache, v_cache, token_index, block_tables = _attention_inputs(
