@@ -65,10 +65,10 @@ class Request:
     acceptance_by_source: dict[str, AcceptanceTracker] = field(default_factory=dict)
 
     # Structured output: the request's grammar state, advanced by emitted tokens only (writer:
-    # the engine). `num_forced_drafts`: this step's drafts came from the grammar, not the
-    # proposer (writer: the speculation step).
+    # the engine). `forced_drafts`: per draft of this step, whether the grammar forced it rather
+    # than the proposer guessing it (writer: the speculation step).
     grammar: object | None = None  # engine.grammar.GrammarMatcher
-    num_forced_drafts: int = 0
+    forced_drafts: list[bool] = field(default_factory=list)
     # Times generated tokens were taken back (truncate_output): what was derived from the
     # context so far (the n-gram index) is stale when it changes.
     num_truncations: int = 0

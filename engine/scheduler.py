@@ -175,9 +175,12 @@ class Scheduler:
             if num_drafts:
                 request.spec_stats.record(num_drafts, num_accepted)
                 self.spec_stats.record(num_drafts, num_accepted)
-                if request.num_forced_drafts:
-                    request.spec_stats.record_forced(num_drafts, num_accepted)
-                    self.spec_stats.record_forced(num_drafts, num_accepted)
+                num_forced = sum(request.forced_drafts)
+                if num_forced:
+                    # Forced drafts are accepted unless a guessed draft before them was not.
+                    num_forced_accepted = sum(request.forced_drafts[:num_accepted])
+                    request.spec_stats.record_forced(num_forced, num_forced_accepted)
+                    self.spec_stats.record_forced(num_forced, num_forced_accepted)
             status = None
             for token_id in emitted:
                 request.append_output_token(token_id)

@@ -36,6 +36,7 @@ class GrammarMatcher:
         self._matcher = matcher
         self._eos = sorted(eos_token_ids)
         self.num_mask_words = num_mask_words  # int32 words of one row of its bitmask
+        self._num_ahead = 0  # draft tokens consumed by `look_ahead`, to be rolled back
 
     @property
     def is_terminated(self) -> bool:
@@ -66,6 +67,22 @@ class GrammarMatcher:
             self._matcher.rollback(num_valid)
             num_valid += stopped
         return num_valid
+
+    def look_ahead(self, token_ids: Sequence[int]) -> bool:
+        """Moves the state past draft tokens the grammar allows (as `valid_prefix` or
+        `forced_tokens` returned them) until `roll_back_look_ahead`. False when the text ends
+        among them (a complete match, or its end-of-text token): nothing more can be drafted."""
+        for token_id in token_ids:
+            if self._matcher.is_stopped():
+                return False
+            self._matcher.consume_token(token_id)
+            self._num_ahead += 1
+        return not self._matcher.is_stopped()
+
+    def roll_back_look_ahead(self) -> None:
+        if self._num_ahead:
+            self._matcher.rollback(self._num_ahead)
+            self._num_ahead = 0
 
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar fixes from here, whatever the model would say (keys, punctuation,

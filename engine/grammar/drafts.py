@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from collections.abc import Callable, Sequence
+
 from engine.grammar.backend import GrammarMatcher
 
 
@@ -30,3 +32,39 @@ def constrain_drafts(grammar: GrammarMatcher, draft_token_ids: list[int],
         return draft_token_ids[:num_valid], None, 0
     keep = num_valid + 1
     return draft_token_ids[:keep], draft_probs[:keep], 0
+
+
+Guess = Callable[[Sequence[int], int, Callable[[list[int]], int]], list[int]]
+
+
+def interleave_drafts(grammar: GrammarMatcher, guess: Guess, max_drafts: int,
+                      max_guessed: int) -> tuple[list[int], list[bool]]:
+    """Drafts that alternate the grammar's forced tokens and a deterministic proposer's guesses,
+    each made after the drafts before it: keys and punctuation from the grammar, the values
+    between them from the proposer. `guess(drafts, n, valid_prefix)`: up to n tokens to follow
+    the context and `drafts`, which the grammar's `valid_prefix` allows. At most `max_drafts`
+    tokens, of which at most `max_guessed` guessed (the controller's plan). Every draft is a
+    deterministic function of the context, so any cut is lossless (see above). Returns the
+    drafts and, per draft, whether the grammar forced it."""
+    drafts: list[int] = []
+    forced_flags: list[bool] = []
+    try:
+        while len(drafts) < max_drafts and not grammar.is_terminated:
+            room = max_drafts - len(drafts)
+            tokens = grammar.forced_tokens()[:room]
+            forced = bool(tokens)
+            if not forced and max_guessed > 0:
+                asked = min(room, max_guessed)
+                tokens = guess(drafts, asked, grammar.valid_prefix)[:asked]
+                # Checked again: the grammar must not consume a token it refuses.
+                tokens = tokens[:grammar.valid_prefix(tokens)]
+                max_guessed -= len(tokens)
+            if not tokens:
+                break
+            drafts += tokens
+            forced_flags += [forced] * len(tokens)
+            if not grammar.look_ahead(tokens):
+                break
+    finally:
+        grammar.roll_back_look_ahead()
+    return drafts, forced_flags

@@ -116,7 +116,9 @@ class SpeculationController:
     def lookahead(self, request: Request) -> int:
         """KV slots the scheduler reserves for this request's drafts: an upper bound on what
         `plan` can give it, without reserving slots for drafts that would gain < 2% of a token."""
-        if not self.adaptive:
+        if not self.adaptive or request.grammar is not None:
+            # A grammar's forced drafts are always accepted and cost no drafting: a grammar
+            # request may fill every slot with them, whatever its guesses' acceptance.
             return self.max_k
         trackers = request.acceptance_by_source.values() or [request.acceptance]
         # Several sources (eagle): reserve for the best, the step may draft from any of them.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +21,9 @@ class Proposal:
 
 class Proposer(ABC):
     name: str = "none"
+    # Whether `continue_drafts` works: guesses that are deterministic and cost no model work,
+    # so a grammar request's forced tokens can be followed by guesses in the same step.
+    continues_drafts: bool = False
 
     @abstractmethod
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Proposal:
@@ -29,6 +32,13 @@ class Proposer(ABC):
         Called after the scheduler has reserved KV slots for the drafts, so a model-based
         proposer may write its KV at the draft positions of each request's block table.
         """
+
+    def continue_drafts(self, request: Request, drafts: Sequence[int], num_tokens: int,
+                        valid_prefix: Callable[[list[int]], int]) -> list[int]:
+        """Guesses up to `num_tokens` tokens to follow `request.all_token_ids + drafts`, of
+        which `valid_prefix` (a grammar's, in the state after `drafts`) allows all; it may
+        look for another guess where its first is refused."""
+        raise NotImplementedError(f"{self.name} cannot continue drafts")
 
     def prepare(self, requests: Sequence[Request], max_tokens: Sequence[int]) -> None:
         """Before the controller plans a step: a proposer with several sources picks one per

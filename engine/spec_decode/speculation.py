@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
-from engine.grammar.drafts import constrain_drafts
+from engine.grammar.drafts import constrain_drafts, interleave_drafts
 from engine.request import Request
 from engine.scheduler import ScheduledRequest, SchedulerOutput
 from engine.spec_decode.controller import SpeculationController
@@ -36,32 +37,42 @@ class Speculation:
         constrained = any(r.grammar is not None for r in requests)
         if not any(ks) and not constrained:
             return {}
+        # A proposer that can continue drafts guesses for grammar requests in between the
+        # grammar's forced tokens (interleave_drafts) instead of up front.
+        interleaved = [self.proposer.continues_drafts and r.grammar is not None
+                       for r in requests]
+        upfront_ks = [0 if inter else k for inter, k in zip(interleaved, ks)]
         proposal = Proposal([[] for _ in requests])
-        if any(ks):
+        if any(upfront_ks):
             started = time.perf_counter()
-            proposal = self.proposer.propose(requests, ks)
+            proposal = self.proposer.propose(requests, upfront_ks)
             self.controller.observe_drafting(sum(len(d) for d in proposal.draft_token_ids),
                                              getattr(self.proposer, "num_sequential_steps", 0),
                                              time.perf_counter() - started)
         probs = {}
         for index, (request, drafts) in enumerate(zip(requests, proposal.draft_token_ids)):
             draft_probs = None if proposal.draft_probs is None else proposal.draft_probs[index]
-            request.num_forced_drafts = 0
-            if request.grammar is not None:
+            forced = []
+            if interleaved[index]:
                 # Forced drafts cost no model work, so they go even where the controller
-                # planned none, within the room the scheduler reserved.
+                # planned no guesses, within the room the scheduler reserved.
+                drafts, forced = interleave_drafts(
+                    request.grammar, partial(self.proposer.continue_drafts, request),
+                    max_ks[index], ks[index])
+            elif request.grammar is not None:
                 proposed = drafts
-                drafts, draft_probs, request.num_forced_drafts = constrain_drafts(
+                drafts, draft_probs, num_forced = constrain_drafts(
                     request.grammar, drafts, draft_probs, max_ks[index],
                     request.sampling_params.greedy)
-                if request.num_forced_drafts:
+                forced = [True] * num_forced + [False] * (len(drafts) - num_forced)
+                if num_forced:
                     # A draft model's KV holds its own drafts; past where they differ from the
                     # forced ones it must feed again.
                     same = next((j for j, (a, b) in enumerate(zip(proposed, drafts)) if a != b),
                                 min(len(proposed), len(drafts)))
                     request.num_draft_computed_tokens = min(request.num_draft_computed_tokens,
                                                             request.num_tokens - 1 + same)
-            request.draft_token_ids = drafts
+            request.draft_token_ids, request.forced_drafts = drafts, forced
             if drafts and draft_probs is not None:
                 probs[request.request_id] = draft_probs
         return probs
@@ -79,7 +90,11 @@ class Speculation:
             self.controller.observe_step(num_rows, seconds)
         for s, tokens in zip(scheduled, emitted):
             request: Request = s.request
-            # Forced drafts say nothing of the proposer's acceptance.
-            if request.draft_token_ids and tokens and not request.num_forced_drafts:
+            # Forced drafts say nothing of the proposer's acceptance; a rejection is always of
+            # a guessed draft, as the masked target gives a forced one probability 1.
+            num_guessed = len(request.draft_token_ids) - sum(request.forced_drafts)
+            if num_guessed and tokens:
+                num_accepted = len(tokens) - 1
                 self.controller.observe_verification(
-                    request, len(request.draft_token_ids), len(tokens) - 1)
+                    request, num_guessed,
+                    num_accepted - sum(request.forced_drafts[:num_accepted]))

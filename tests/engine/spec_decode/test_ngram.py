@@ -148,6 +148,56 @@ def test_an_index_that_keeps_first_occurrences_or_ignores_truncation_is_caught()
     assert not all(_index_like_scan(BlindToTruncation, seed) for seed in range(200))
 
 
+def _refusing(token_id: int):
+    """A grammar's valid_prefix that refuses one token wherever it comes."""
+    return lambda tokens: next((i for i, t in enumerate(tokens) if t == token_id), len(tokens))
+
+
+def _lookahead_like_scan(index_class, seed: int) -> bool:
+    """Whether lookups across drafts appended for the lookup only (and cut by a grammar) answer
+    as the scan over the context and the drafts, searching the context's n-grams."""
+    import random
+
+    rng = random.Random(seed)
+    tokens = [rng.randrange(6) for _ in range(rng.randrange(1, 20))]
+    index = index_class(ngram_max=4, ngram_min=1)
+    for _ in range(40):
+        k, appended = rng.randrange(0, 5), [rng.randrange(6) for _ in range(rng.randrange(4))]
+        valid_prefix = rng.choice([None, _refusing(rng.randrange(6))])
+        expected = find_continuation(tokens + appended, k, 4, 1, num_searched=len(tokens),
+                                     valid_prefix=valid_prefix)
+        if index.continuation(tokens, k, 0, appended, valid_prefix) != expected:
+            return False
+        tokens.extend(rng.randrange(6) for _ in range(rng.randrange(1, 4)))
+    return True
+
+
+def test_lookups_across_appended_drafts_answer_as_the_scan():
+    assert all(_lookahead_like_scan(NgramIndex, seed) for seed in range(200))
+    # The scan itself: the suffix runs across the drafts, and a continuation the grammar
+    # refuses at once gives way to a shorter n-gram's.
+    tokens = [7, 1, 2, 9, 2, 5, 7]
+    assert find_continuation(tokens + [1], 2, 3, 1, num_searched=len(tokens)) == [2, 9]
+    assert find_continuation(tokens + [1, 2], 2, 3, 1, num_searched=len(tokens),
+                             valid_prefix=_refusing(9)) == [5, 7]
+
+
+def test_an_index_that_ignores_appended_drafts_or_indexes_them_is_caught():
+    """Negative controls for the comparison above."""
+
+    class IgnoresAppended(NgramIndex):
+        def continuation(self, token_ids, num_tokens, version=0, appended=(), valid_prefix=None):
+            return super().continuation(token_ids, num_tokens, version, (), valid_prefix)
+
+    class IndexesAppended(NgramIndex):
+        def continuation(self, token_ids, num_tokens, version=0, appended=(), valid_prefix=None):
+            return super().continuation([*token_ids, *appended], num_tokens, version + 1,
+                                        (), valid_prefix)
+
+    assert not all(_lookahead_like_scan(IgnoresAppended, seed) for seed in range(200))
+    assert not all(_lookahead_like_scan(IndexesAppended, seed) for seed in range(200))
+
+
 def test_the_proposer_keeps_no_index_for_finished_requests():
     import gc
 
