@@ -179,7 +179,7 @@ def test_attention_rows_are_bitwise_the_same_alone_and_in_any_batch(ops, head_di
     head sizes on the vector path (multiples of 8, over and under 64 columns) and off it (20),
     work items of one query head or of a whole GQA group (as threads and requests decide): every
     row equals float64 attention, and bitwise what it gives as the only row of its call."""
-    query_lens, context_lens = [5, 1, 3], [301, 77, 9]
+    query_lens, context_lens = [5, 1, 3, 40], [301, 77, 9, 70]
     num_heads, num_kv_heads = 9, 3
     q, k_cache, v_cache, token_index, block_tables = _attention_inputs(
         query_lens, context_lens, num_heads, num_kv_heads, head_dim, seed=head_dim)
