@@ -48,18 +48,6 @@ static void silu_mul_row(const float* gate, const float* up, float* out, int64_t
 }
 
 #ifdef GGUF_KERNEL_X86_SIMD
-// Keys and values live in the paged cache, one block here and one there, and a decode step's
-// weights (96 MB) have evicted them from cache since the last step: read as they come, each
-// row is a cache miss the hardware prefetcher does not see coming at a block boundary.
-// Asking for rows kPrefetchKeys ahead overlaps the misses.
-constexpr int64_t kPrefetchKeys = 16;
-
-static inline void prefetch_rows(const PagedRows& rows, int64_t begin, int64_t end, int64_t limit,
-                                 int64_t floats) {
-    for (int64_t p = begin; p < end && p < limit; ++p)
-        for (int64_t f = 0; f < floats; f += 16) __builtin_prefetch(rows.row(p) + f, 0, 3);
-}
-
 // scores[p] = scale * q . k_p for begin <= p < n (begin a multiple of 8), D a multiple of 8:
 // eight keys at a time, so eight independent FMA chains keep both FMA units busy and one
 // reduction tree serves eight dot products (a horizontal sum per key cost as much as its FMAs).
@@ -69,7 +57,6 @@ static void key_scores(const float* q, int64_t D, float scale, const PagedRows& 
     const __m256 scale8 = _mm256_set1_ps(scale);
     for (int64_t p = begin; p < n; p += 8) {
         const int64_t count = n - p < 8 ? n - p : 8;
-        prefetch_rows(keys, p + kPrefetchKeys, p + kPrefetchKeys + 8, n, D);
         const float* k[8];
         for (int j = 0; j < 8; ++j) k[j] = keys.row(p + (j < count ? j : 0));
         __m256 a[8];
@@ -130,7 +117,6 @@ static void weighted_values(const float* w, const PagedRows& values, int64_t beg
     __m256 acc[NV];
     for (int c = 0; c < NV; ++c) acc[c] = _mm256_loadu_ps(acc_out + 8 * c);
     for (int64_t p = begin; p < end; ++p) {
-        prefetch_rows(values, p + kPrefetchKeys, p + kPrefetchKeys + 1, end, 8 * NV);
         const __m256 weight = _mm256_set1_ps(w[p]);
         const float* v = values.row(p);
         for (int c = 0; c < NV; ++c) acc[c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + 8 * c), acc[c]);
