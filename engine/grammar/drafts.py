@@ -11,9 +11,9 @@ theorem needs) and loses only what follows it.
 
 from __future__ import annotations
 
-import torch
-
 from collections.abc import Callable, Sequence
+
+import torch
 
 from engine.grammar.backend import GrammarMatcher
 
