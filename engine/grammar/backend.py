@@ -68,16 +68,16 @@ class GrammarMatcher:
             num_valid += stopped
         return num_valid
 
-    def look_ahead(self, token_ids: Sequence[int]) -> bool:
-        """Moves the state past draft tokens the grammar allows (as `valid_prefix` or
-        `forced_tokens` returned them) until `roll_back_look_ahead`. False when the text ends
-        among them (a complete match, or its end-of-text token): nothing more can be drafted."""
-        for token_id in token_ids:
-            if self._matcher.is_stopped():
-                return False
-            self._matcher.consume_token(token_id)
-            self._num_ahead += 1
-        return not self._matcher.is_stopped()
+    def look_ahead(self, token_ids: Sequence[int]) -> int:
+        """Moves the state past the leading draft tokens the grammar allows, until
+        `roll_back_look_ahead`; returns how many of `token_ids` are allowed drafts (a refused
+        token ends them, and so does the end of the text: an end-of-text token after a complete
+        match counts as allowed, and is the last)."""
+        consumed = 0 if self._matcher.is_stopped() else \
+            self._matcher.try_consume_tokens(list(token_ids))
+        self._num_ahead += consumed
+        rest = token_ids[consumed:]
+        return consumed + int(bool(rest) and self._matcher.is_stopped() and rest[0] in self._eos)
 
     def roll_back_look_ahead(self) -> None:
         if self._num_ahead:

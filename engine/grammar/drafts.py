@@ -56,15 +56,13 @@ def interleave_drafts(grammar: GrammarMatcher, guess: Guess, max_drafts: int,
             if not forced and max_guessed > 0:
                 asked = min(room, max_guessed)
                 tokens = guess(drafts, asked, grammar.valid_prefix)[:asked]
-                # Checked again: the grammar must not consume a token it refuses.
-                tokens = tokens[:grammar.valid_prefix(tokens)]
-                max_guessed -= len(tokens)
-            if not tokens:
+            # All of a guess that kept to valid_prefix; cut at a token the grammar refuses.
+            allowed = grammar.look_ahead(tokens)
+            if not allowed:
                 break
-            drafts += tokens
-            forced_flags += [forced] * len(tokens)
-            if not grammar.look_ahead(tokens):
-                break
+            max_guessed -= 0 if forced else allowed
+            drafts += tokens[:allowed]
+            forced_flags += [forced] * allowed
     finally:
         grammar.roll_back_look_ahead()
     return drafts, forced_flags
