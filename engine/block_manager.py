@@ -8,7 +8,10 @@ Invariants:
 - a block is in exactly one of: in use (ref_count > 0), evictable (ref_count == 0 and hashed, kept
   in LRU order so its content can still be reused), or free (ref_count == 0, no hash);
 - `hash_to_block` maps a content hash to the one block that holds it; blocks are never written after
-  they are hashed, because only full committed blocks are hashed and a request only appends.
+  they are hashed, because only full committed blocks are hashed and a request only appends;
+- a request holds the blocks of its table from `num_released_blocks` on. With a sliding-window
+  model (`window`), the leading blocks that no later query can read are given back as the request
+  advances; their table entries become RELEASED_BLOCK, a valid id that attention never reads.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from engine.request import Request
+
+# What a released block's table entry becomes: any valid block id would do, since no query's
+# window reaches it (the CPU kernel skips it; torch paths gather it and mask it out).
+RELEASED_BLOCK = 0
 
 
 def hash_block(parent_hash: bytes, token_ids: list[int]) -> bytes:
@@ -34,10 +41,14 @@ class PrefixCacheStats:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 window: int | None = None):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # The most keys any layer of any model that reads these blocks attends to; None where
+        # some layer reads them all (nothing is released).
+        self.window = window
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.free_block_ids: deque[int] = deque(range(num_blocks))
@@ -58,6 +69,19 @@ class BlockManager:
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def peak_tokens(self, num_prompt_tokens: int, num_total_tokens: int, max_chunk: int,
+                    lookahead: int) -> int:
+        """The most tokens of KV a request can hold at once. All of them, unless blocks behind
+        a window are released: then the first prefill chunk holds itself, and a later step the
+        window behind its first query, its new tokens (a chunk of at most `max_chunk`, or a
+        decode with its lookahead) and a partial block at each end."""
+        if self.window is None:
+            return num_total_tokens
+        first_chunk = min(num_prompt_tokens, max_chunk) + self.block_size
+        later_step = max(min(num_prompt_tokens - max_chunk, max_chunk), lookahead + 1)
+        later = self.window + later_step + 2 * self.block_size
+        return min(num_total_tokens, max(first_chunk, later))
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Block ids holding the longest cached prefix of the request's tokens.
@@ -123,6 +147,19 @@ class BlockManager:
                 self.hash_to_block[block_hash] = block_id
                 self.block_hash[block_id] = block_hash
 
+    def release_behind_window(self, request: Request) -> None:
+        """Gives back the leading blocks that no later query of the request can read. Its next
+        query sits at position num_computed_tokens or later (rejected drafts are rolled back to
+        there), and a query at p reads keys p - window + 1 to p."""
+        if self.window is None:
+            return
+        first_read = request.num_computed_tokens - self.window + 1
+        behind = min(max(first_read, 0) // self.block_size, len(request.block_table))
+        for i in range(request.num_released_blocks, behind):
+            self._release(request.block_table[i])
+            request.block_table[i] = RELEASED_BLOCK
+        request.num_released_blocks = max(request.num_released_blocks, behind)
+
     def truncate(self, request: Request, num_tokens: int) -> None:
         """Releases the blocks past the first `num_tokens` tokens (rolled-back positions)."""
         keep = self.num_blocks_for(num_tokens)
@@ -132,10 +169,11 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Releases all of the request's blocks. Tail first, so the LRU evicts tails before heads."""
-        for block_id in reversed(request.block_table):
+        for block_id in reversed(request.block_table[request.num_released_blocks:]):
             self._release(block_id)
         request.block_table.clear()
         request.block_hashes.clear()
+        request.num_released_blocks = 0
 
     # ---------------------------------------------------------------- helpers
     def _take_fresh_block(self) -> int:

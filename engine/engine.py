@@ -82,13 +82,15 @@ class LLMEngine:
         if self.static_runner is not None:
             self.static_runner.capture_graphs()
         self.block_manager = BlockManager(self.limits.num_kv_blocks, self.limits.block_size,
-                                          config.cache.enable_prefix_caching)
+                                          config.cache.enable_prefix_caching, arch.max_window)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.limits.max_model_len)
         self.generator = torch.Generator(device=self.device)
         self.generator.seed()
         self.speculation = None
         if config.speculative.enabled:
             self.speculation = Speculation(*build_speculation(config.speculative, self))
+            if self.proposer.keeps_own_kv:  # its KV may lag the target's: keep every block
+                self.block_manager.window = None
         self._states: dict[str, _RequestState] = {}
         self._stat_listeners: list = []
         self._recorder = StepRecorder(self.scheduler, self.block_manager)
@@ -132,8 +134,11 @@ class LLMEngine:
                 f"({total} in all)"
             )
         capacity = self.limits.num_kv_blocks * self.limits.block_size
-        if total > capacity:
-            raise ValueError(f"the request needs {total} tokens of KV cache but the whole cache "
+        need = self.block_manager.peak_tokens(len(token_ids), total, self.scheduler.config
+                                              .max_num_batched_tokens, self.config.speculative
+                                              .num_speculative_tokens)
+        if need > capacity:
+            raise ValueError(f"the request needs {need} tokens of KV cache but the whole cache "
                              f"holds {capacity}; raise --kv-cache-memory or lower max_tokens")
         # A grammar is compiled once per constraint (the server compiles it before this, off
         # the engine's thread; here it is a cache hit and a copy).

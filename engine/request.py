@@ -75,6 +75,8 @@ class Request:
 
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # of the leading full blocks
+    # Leading blocks given back behind a sliding window (their table entries are placeholders)
+    num_released_blocks: int = 0
 
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

@@ -194,6 +194,7 @@ class Scheduler:
             if scheduled.num_lookahead:
                 self.block_manager.truncate(request, request.num_tokens)
             self.block_manager.cache_full_blocks(request, request.num_computed_tokens)
+            self.block_manager.release_behind_window(request)
         return finished
 
     def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:

@@ -111,6 +111,11 @@ def make_tiny_model(folder, model_type: str = "llama", tokenizer_from=None, **ov
         for param in model.parameters():
             if param.dim() > 1:
                 param.normal_(0, 0.15)
+        # Norm weights off their initial value (1, or Gemma's 0 applied as 1 + 0), so a norm
+        # weight read wrongly changes the output.
+        for name, param in model.named_parameters():
+            if param.dim() == 1 and name.endswith("norm.weight"):
+                param.add_(torch.randn_like(param) * 0.1)
     model.eval()
     model.save_pretrained(folder)
     if tokenizer_from is not None:

@@ -40,29 +40,31 @@ class BatchedGroup:
     identity_layout: bool = False
     _masks: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
 
-    def attn_mask(self, query_group: int = 1) -> torch.Tensor:
+    def attn_mask(self, query_group: int = 1, window: int | None = None) -> torch.Tensor:
         """[num_seqs, 1, query_group * max_query_len, max_blocks * block_size] bool, may attend.
 
         `query_group` > 1 repeats the rows for grouped-query attention with the query heads of one
-        KV head folded into the query dimension. Built on the device once per step and kept."""
-        mask = self._masks.get((query_group,))
+        KV head folded into the query dimension; `window` limits each query to its last keys.
+        Built on the device once per step and kept."""
+        mask = self._masks.get((query_group, window))
         if mask is None:
             mask = causal_paged_mask(self.query_lens, self.context_lens, self.max_query_len,
-                                     self.block_tables.shape[1] * self.block_size)
+                                     self.block_tables.shape[1] * self.block_size, window)
             if query_group > 1 and self.max_query_len > 1:
                 mask = mask.repeat(1, 1, query_group, 1)
-            self._masks[(query_group,)] = mask
+            self._masks[(query_group, window)] = mask
         return mask
 
-    def additive_mask(self, query_group: int, dtype: torch.dtype) -> torch.Tensor:
+    def additive_mask(self, query_group: int, dtype: torch.dtype,
+                      window: int | None = None) -> torch.Tensor:
         """`attn_mask` as 0 / -inf in `dtype`, once per step: SDPA turns a boolean mask into
         this on every call, i.e. in every layer."""
-        mask = self._masks.get((query_group, dtype))
+        mask = self._masks.get((query_group, dtype, window))
         if mask is None:
-            allowed = self.attn_mask(query_group)
+            allowed = self.attn_mask(query_group, window)
             mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device) \
                 .masked_fill_(allowed.logical_not(), float("-inf"))
-            self._masks[(query_group, dtype)] = mask
+            self._masks[(query_group, dtype, window)] = mask
         return mask
 
 
@@ -74,7 +76,7 @@ class PrefillChunk:
     num_tokens: int
     context_len: int  # tokens of this request in the cache after this step, new ones included
     block_table: torch.Tensor  # [num_blocks] block ids covering context_len
-    _mask: torch.Tensor | None = field(default=None, repr=False)
+    _masks: dict = field(default_factory=dict, repr=False)
     _short_query: tuple | None = field(default=None, repr=False)
 
     def as_short_query(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,14 +93,18 @@ class PrefillChunk:
                 self.block_table.view(1, -1).contiguous())
         return self._short_query
 
-    def attn_mask(self) -> torch.Tensor:
+    def attn_mask(self, window: int | None = None) -> torch.Tensor:
         """[num_tokens, context_len] bool: query i sits at position context_len - num_tokens + i
-        and sees the keys up to there."""
-        if self._mask is None:
-            self._mask = torch.ones(self.num_tokens, self.context_len, dtype=torch.bool,
-                                    device=self.block_table.device) \
-                .tril_(self.context_len - self.num_tokens)
-        return self._mask
+        and sees the keys up to there (the last `window` of them, where given)."""
+        mask = self._masks.get(window)
+        if mask is None:
+            first_row_position = self.context_len - self.num_tokens
+            mask = torch.ones(self.num_tokens, self.context_len, dtype=torch.bool,
+                              device=self.block_table.device).tril_(first_row_position)
+            if window is not None:
+                mask.triu_(first_row_position - window + 1)
+            self._masks[window] = mask
+        return mask
 
 
 @dataclass
@@ -110,16 +116,19 @@ class AttentionMetadata:
 
 
 def causal_paged_mask(query_lens: torch.Tensor, context_lens: torch.Tensor, max_query_len: int,
-                      num_key_slots: int) -> torch.Tensor:
+                      num_key_slots: int, window: int | None = None) -> torch.Tensor:
     """[num_seqs, 1, max_query_len, num_key_slots] bool. Query row r of a request sits at absolute
-    position context_len - query_len + r and sees the keys up to it; padding rows repeat the last
-    real row."""
+    position context_len - query_len + r and sees the keys up to it (the last `window` of them,
+    where given); padding rows repeat the last real row."""
     device = query_lens.device
     q_lens = query_lens.view(-1, 1, 1)
     rows = torch.arange(max_query_len, device=device).view(1, -1, 1).minimum(q_lens - 1)
     last_visible = context_lens.view(-1, 1, 1) - q_lens + rows  # [num_seqs, max_q, 1]
     key_pos = torch.arange(num_key_slots, device=device).view(1, 1, -1)
-    return (key_pos <= last_visible).unsqueeze(1)
+    visible = key_pos <= last_visible
+    if window is not None:
+        visible &= key_pos > last_visible - window
+    return visible.unsqueeze(1)
 
 
 def build_attention_metadata(

@@ -1,19 +1,24 @@
 """The shape of a Llama-family decoder, read from a Hugging Face config.
 
-One dataclass covers Llama 2/3, Mistral, Qwen2, Qwen3 (dense), Phi-3 and SmolLM2: they differ
-only in biases, per-head query/key norms (Qwen3), rotary scaling, head counts and whether the LM
-head shares the embedding matrix (Phi-3's checkpoints store q/k/v and gate/up already fused,
-which the loader takes as they are).
+One dataclass covers Llama 2/3, Mistral, Qwen2, Qwen3 (dense), Phi-3, Gemma 2, Gemma 3 and
+SmolLM2: they differ only in biases, per-head query/key norms (Qwen3, Gemma 3), rotary scaling,
+head counts, sliding windows on some or all layers, whether the LM head shares the embedding
+matrix, and Gemma's differences (norms after attention and MLP as well as before, (1 + w) norm
+weights, GELU, a scaled embedding, its own attention scale and soft-capped logits). Phi-3's
+checkpoints store q/k/v and gate/up already fused, which the loader takes as they are.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+GEMMA_TYPES = ("gemma2", "gemma3_text")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,39 @@ class LlamaArchitecture:
     # Qwen3: an RMSNorm over each head's query and key, before the rotation. Defaulted: EAGLE
     # heads saved before it existed describe their target without it.
     qk_norm: bool = False
+    # Per layer: how many keys a query sees (sliding-window attention), None for all of them.
+    # Empty: no layer has a window.
+    layer_windows: tuple = ()
+    # Gemma: the norms' stored weights are w, applied as (1 + w); the loader adds the offset.
+    norm_weight_offset: float = 0.0
+    sandwich_norms: bool = False  # Gemma: norms after attention and after the MLP too
+    hidden_act: str = "silu"  # of the gated MLP: silu or gelu_pytorch_tanh
+    embed_scale: float | None = None  # Gemma: embeddings times sqrt(hidden_size)
+    attention_scale: float | None = None  # None: 1 / sqrt(head_dim)
+    attn_softcap: float | None = None  # Gemma 2: scores soft-capped by tanh
+    final_softcap: float | None = None  # Gemma 2: logits soft-capped by tanh
+    # Gemma 3: sliding-window layers rotate with their own (theta, scaling); None: one rotation
+    local_rope: tuple | None = None
+
+    def __post_init__(self):  # read back from JSON (a saved EAGLE head's target): lists
+        object.__setattr__(self, "layer_windows", tuple(self.layer_windows))
+        if self.local_rope is not None:
+            object.__setattr__(self, "local_rope", tuple(self.local_rope))
+
+    def window_of(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def max_window(self) -> int | None:
+        """The most keys any layer reads, None where some layer reads them all: blocks behind
+        this window are never read again."""
+        windows = [self.window_of(i) for i in range(self.num_layers)]
+        return None if None in windows else max(windows)
+
+    def local_rope_arch(self) -> "LlamaArchitecture":
+        """This architecture with the sliding-window layers' rotation (Gemma 3)."""
+        theta, scaling = self.local_rope
+        return dataclasses.replace(self, rope_theta=theta, rope_scaling=scaling, local_rope=None)
 
     @classmethod
     def from_hf_config(cls, config) -> "LlamaArchitecture":
@@ -49,30 +87,21 @@ class LlamaArchitecture:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         attention_bias = bool(getattr(config, "attention_bias", False))
         rope_params = dict(getattr(config, "rope_parameters", None) or {})
-        legacy_scaling = getattr(config, "rope_scaling", None)
-        if legacy_scaling:
-            rope_params.update(legacy_scaling)
-        rope_theta = rope_params.pop("rope_theta", None) or getattr(config, "rope_theta", 10000.0)
-        rope_type = rope_params.get("rope_type") or rope_params.get("type") or "default"
-        if rope_type not in ("default", "llama3", "linear", "yarn"):
-            raise ValueError(f"unsupported rope scaling {rope_type!r} (supported: llama3, linear, "
-                             "yarn)")
-        if rope_type == "yarn":  # the pretrained context, where it is not written down
-            rope_params.setdefault("original_max_position_embeddings",
-                                   config.max_position_embeddings)
-        if model_type == "qwen3" and getattr(config, "use_sliding_window", False):
-            raise ValueError("qwen3 with use_sliding_window is not supported: no sliding-window "
-                             "attention here yet")
-        partial_rotary = rope_params.pop("partial_rotary_factor", None) or getattr(
-            config, "partial_rotary_factor", 1.0)
-        if partial_rotary != 1.0:
-            raise ValueError(f"partial rotary embeddings (partial_rotary_factor {partial_rotary}) "
-                             "are not supported")
-        max_positions = config.max_position_embeddings
-        sliding_window = getattr(config, "sliding_window", None)
-        if model_type in ("mistral", "phi3") and sliding_window:
-            # No sliding-window attention here: stay inside the window, where it is exact.
-            max_positions = min(max_positions, sliding_window)
+        local_rope = None
+        if "full_attention" in rope_params:  # Gemma 3: a rotation per kind of layer
+            local_rope = _rope_of(dict(rope_params.get("sliding_attention") or {}), None, config)
+            rope_params = dict(rope_params["full_attention"])
+        rope_theta, rope_scaling = _rope_of(rope_params, getattr(config, "rope_scaling", None),
+                                            config)
+        gemma = model_type in GEMMA_TYPES
+        if getattr(config, "use_bidirectional_attention", False):
+            raise ValueError("use_bidirectional_attention is not supported: specserve serves "
+                             "causal decoders")
+        hidden_act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act",
+                                                                           "silu")
+        if hidden_act not in ACTIVATIONS:
+            raise ValueError(f"unsupported activation {hidden_act!r} (supported: "
+                             f"{', '.join(ACTIVATIONS)})")
         return cls(
             vocab_size=config.vocab_size,
             hidden_size=config.hidden_size,
@@ -82,14 +111,23 @@ class LlamaArchitecture:
             num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
             head_dim=head_dim,
             rms_norm_eps=config.rms_norm_eps,
-            max_position_embeddings=max_positions,
+            max_position_embeddings=config.max_position_embeddings,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             qkv_bias=attention_bias or model_type == "qwen2",
             o_bias=attention_bias,
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
-            rope_theta=float(rope_theta),
-            rope_scaling=None if rope_type == "default" else {**rope_params, "rope_type": rope_type},
+            qk_norm=model_type in ("qwen3", "gemma3_text"),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            layer_windows=_layer_windows(config),
+            norm_weight_offset=1.0 if gemma else 0.0,
+            sandwich_norms=gemma,
+            hidden_act=hidden_act,
+            embed_scale=config.hidden_size ** 0.5 if gemma else None,
+            attention_scale=config.query_pre_attn_scalar ** -0.5 if gemma else None,
+            attn_softcap=getattr(config, "attn_logit_softcapping", None) if gemma else None,
+            final_softcap=getattr(config, "final_logit_softcapping", None) if gemma else None,
+            local_rope=local_rope,
         )
 
     def rope_inv_freq(self) -> torch.Tensor:  # [head_dim // 2] float32
@@ -117,6 +155,43 @@ class LlamaArchitecture:
         if mscale and mscale_all_dim:  # DeepSeek's form: a ratio of two such terms
             return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
         return _yarn_mscale(factor)
+
+
+def _rope_of(rope_params: dict, legacy_scaling: dict | None, config) -> tuple[float, dict | None]:
+    """(theta, scaling) of one rotation from a config's rope parameters; scaling None for plain
+    RoPE. Raises ValueError for a kind of scaling not implemented here."""
+    if legacy_scaling:
+        rope_params.update(legacy_scaling)
+    rope_theta = rope_params.pop("rope_theta", None) or getattr(config, "rope_theta", 10000.0)
+    rope_type = rope_params.get("rope_type") or rope_params.get("type") or "default"
+    if rope_type not in ("default", "llama3", "linear", "yarn"):
+        raise ValueError(f"unsupported rope scaling {rope_type!r} (supported: llama3, linear, "
+                         "yarn)")
+    if rope_type == "yarn":  # the pretrained context, where it is not written down
+        rope_params.setdefault("original_max_position_embeddings", config.max_position_embeddings)
+    partial_rotary = rope_params.pop("partial_rotary_factor", None) or getattr(
+        config, "partial_rotary_factor", 1.0)
+    if partial_rotary != 1.0:
+        raise ValueError(f"partial rotary embeddings (partial_rotary_factor {partial_rotary}) "
+                         "are not supported")
+    scaling = None if rope_type == "default" else {**rope_params, "rope_type": rope_type}
+    return float(rope_theta), scaling
+
+
+def _layer_windows(config) -> tuple:
+    """Each layer's sliding window, or () where none has one. Models that name their layers'
+    kinds (Gemma, Qwen2/3) window the "sliding_attention" ones; Mistral and Phi-3 all of them."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return ()
+    kinds = getattr(config, "layer_types", None) or \
+        ["sliding_attention"] * config.num_hidden_layers
+    unknown = set(kinds) - {"sliding_attention", "full_attention"}
+    if unknown:
+        raise ValueError(f"unsupported attention layer types {sorted(unknown)} (supported: "
+                         "sliding_attention, full_attention)")
+    windows = tuple(int(window) if kind == "sliding_attention" else None for kind in kinds)
+    return windows if any(windows) else ()
 
 
 def _yarn_mscale(factor: float, weight: float = 1.0) -> float:

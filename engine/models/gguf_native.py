@@ -102,10 +102,15 @@ def read_tensors(path: Path, hf_config) -> Iterator[tuple[str, torch.Tensor | Pa
                        ", ".join(sorted(dequantized)))
 
 
+# llama.cpp architectures whose files load here. Others (Gemma, Qwen3, Phi-3) store tensors
+# under names or with settings this loader does not map yet, and are refused before start.
+GGUF_ARCHITECTURES = ("llama", "qwen2")
+
+
 def check_gguf(path: Path) -> None:
     """A ValueError in one line for a GGUF file that cannot serve: a header that does not parse,
-    tensor data past the end of the file (truncated), or a vocabulary that is not the token
-    embedding's."""
+    tensor data past the end of the file (truncated), an architecture not mapped here, or a
+    vocabulary that is not the token embedding's."""
     import gguf
 
     size = path.stat().st_size
@@ -119,6 +124,11 @@ def check_gguf(path: Path) -> None:
         if end > size:
             raise ValueError(f"{path} is truncated: tensor {tensor.name} ends at byte {end}, "
                              f"the file has {size}")
+    architecture = _field_str(reader, "general.architecture")
+    if architecture not in GGUF_ARCHITECTURES:
+        raise ValueError(f"{path}: GGUF files of architecture {architecture!r} are not supported "
+                         f"yet (supported: {', '.join(GGUF_ARCHITECTURES)}); serve its Hugging "
+                         "Face folder instead")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if tokens is not None and embedding is not None:

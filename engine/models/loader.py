@@ -174,6 +174,8 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
     `max_model_len`: positions past it are never used, so no table is built for them (a model
     file may claim a context of 2^32 - 1 tokens)."""
     path, name = locate_model(model)
+    if path.is_file():
+        gguf_native.check_gguf(path)
     if keeps_gguf_blocks(path, device, dtype, quantization):
         folder, hf_config, llama, tokenizer = _load_native(path, with_tokenizer, max_model_len)
         if uses_integer_kernels(quantization):
@@ -225,7 +227,7 @@ def _load_float(path: Path, device: torch.device, with_tokenizer: bool,
     with torch.device("meta"):
         llama = LlamaForCausalLM(arch)
     llama = llama.to_empty(device=device)
-    llama.rotary = type(llama.rotary)(arch).to(device)  # buffers are computed, not loaded
+    llama.build_rotary(device)  # buffers are computed, not loaded
     llama.load_weights(iter_checkpoint_tensors(folder))
     tokenizer = AutoTokenizer.from_pretrained(folder) if with_tokenizer else None
     return folder, hf_config, llama, tokenizer

@@ -75,7 +75,8 @@ def _build(verbose: bool):
     return load(
         name=EXTENSION_NAME,
         sources=[str(SOURCE_DIR / name) for name in
-                 ("gguf_cpu.cpp", "cpu_ops.cpp", "gguf_int8.cpp", "decoder_stack.cpp")],
+                 ("gguf_cpu.cpp", "cpu_ops.cpp", "paged_attention.cpp", "gguf_int8.cpp",
+                  "decoder_stack.cpp")],
         extra_include_paths=[str(SOURCE_DIR)],
         extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno"],
         # ATen's parallel_for is OpenMP inlined into the caller; the libgomp this links is the one

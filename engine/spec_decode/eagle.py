@@ -34,6 +34,7 @@ from engine.spec_decode.proposer import Proposal, Proposer
 
 class EagleProposer(Proposer):
     name = "eagle"
+    keeps_own_kv = True  # the head's KV, at the target's positions
 
     def __init__(self, head: EagleHead, target, kv_cache, block_size: int,
                  device: torch.device, shared_generator: torch.Generator | None = None,

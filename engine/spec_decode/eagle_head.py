@@ -29,7 +29,7 @@ from torch import nn
 
 from engine.models.architecture import LlamaArchitecture
 from engine.models.layers import Linear, RMSNorm, RotaryEmbedding, rms_norm, rotate_half
-from engine.models.llama import DecoderLayer
+from engine.models.decoder_layer import DecoderLayer
 
 WEIGHTS_FILE = "eagle_head.safetensors"
 CONFIG_FILE = "eagle_head.json"
@@ -52,7 +52,8 @@ class EagleHead(nn.Module):
     def __init__(self, target_arch: LlamaArchitecture, draft_vocab_size: int):
         super().__init__()
         self.target_arch = target_arch
-        self.arch = replace(target_arch, num_layers=1)
+        # One layer, attending to every earlier position whatever the target's windows are.
+        self.arch = replace(target_arch, num_layers=1, layer_windows=())
         hidden = target_arch.hidden_size
         self.fuse = Linear(2 * hidden, hidden)
         self.layer = DecoderLayer(self.arch)

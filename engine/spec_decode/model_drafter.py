@@ -39,6 +39,7 @@ class ModelDrafter(Proposer):
         self.device = device
         self.layer_ids = list(layer_ids) if layer_ids is not None else None
         self.catch_up = catch_up
+        self.keeps_own_kv = catch_up
         self.shared_generator = shared_generator
         self.num_sequential_steps = 0  # of the last propose() call, for the cost model
 

@@ -24,6 +24,9 @@ class Proposer(ABC):
     # Whether `continue_drafts` works: guesses that are deterministic and cost no model work,
     # so a grammar request's forced tokens can be followed by guesses in the same step.
     continues_drafts: bool = False
+    # Whether it keeps KV of its own at the requests' block tables (a draft model, a draft
+    # head): then no block is released behind a sliding window, since its KV may lag.
+    keeps_own_kv: bool = False
 
     @abstractmethod
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Proposal:

@@ -32,6 +32,19 @@ FAMILIES = {
     # Per-head q/k norms, and a head_dim that is not hidden_size / num_heads (64 / 4).
     "qwen3-qk-norm": ("qwen3", {"tie_word_embeddings": True, "head_dim": 32}),
     "mha-no-gqa": ("llama", {"num_key_value_heads": 4}),
+    # Sliding windows shorter than the 40 test tokens and than the prefill chunks, so chunks,
+    # decodes and the CPU kernel all cut keys off: every layer (Mistral), alternate layers
+    # (Gemma 2, with its soft-capped scores and logits), and one global layer in three (Gemma 3,
+    # with a second rotation for the local layers and linear scaling on the global one).
+    "mistral-sliding-window": ("mistral", {"sliding_window": 7}),
+    # Qwen2 windows the layers from max_window_layers on: windowed and full layers side by side
+    "qwen2-sliding-layers": ("qwen2", {"use_sliding_window": True, "sliding_window": 6,
+                                       "max_window_layers": 1}),
+    "gemma2": ("gemma2", {"sliding_window": 6, "head_dim": 16, "query_pre_attn_scalar": 24,
+                          "attn_logit_softcapping": 1.5, "final_logit_softcapping": 3.0}),
+    "gemma3": ("gemma3_text", {"sliding_window": 5, "head_dim": 32, "query_pre_attn_scalar": 20,
+                               "sliding_window_pattern": 3, "rope_scaling": {
+                                   "rope_type": "linear", "factor": 4.0}}),
 }
 
 

@@ -24,10 +24,6 @@ void check_float_rows(const torch::Tensor& t, const char* name) {
                 name, " must be a contiguous CPU float32 tensor");
 }
 
-// Multiply-adds of attention (query rows x heads x keys x head_dim) below which one thread does
-// it all (at 1 << 13, a batch-1 step splits from ~15 keys on; see git log for the figures).
-constexpr int64_t kParallelAttentionWork = 1 << 13;
-
 }  // namespace
 
 // out[t] = weight * x[t] / sqrt(mean(x[t]^2) + eps), in float32 like the reference RMSNorm.
@@ -177,107 +173,6 @@ void rotary_(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& cos,
     }
 }
 
-// Which query rows a step's requests own and where their keys are, from the attention metadata
-// of requests with a few new tokens each (decode, draft verification): request s owns query rows
-// token_index[s, :query_lens[s]] at positions context_lens[s] - query_lens[s] + r, and sees keys
-// at positions up to its own. Worked out once per step: every layer shares it.
-AttentionPlan plan_attention(const torch::Tensor& token_index, const torch::Tensor& query_lens,
-                             const torch::Tensor& context_lens, const torch::Tensor& block_tables,
-                             int64_t num_cache_blocks, int64_t block_size) {
-    for (const torch::Tensor* t : {&token_index, &query_lens, &context_lens, &block_tables})
-        TORCH_CHECK(t->scalar_type() == torch::kLong && t->is_contiguous(),
-                    "index tensors must be contiguous int64");
-    AttentionPlan plan;
-    const int64_t num_seqs = token_index.size(0), max_q = token_index.size(1);
-    const int64_t max_blocks = block_tables.size(1);
-    const int64_t* rows = token_index.data_ptr<int64_t>();
-    const int64_t* qlens = query_lens.data_ptr<int64_t>();
-    const int64_t* ctxs = context_lens.data_ptr<int64_t>();
-    const int64_t* tables = block_tables.data_ptr<int64_t>();
-    std::vector<int64_t> slot_start(num_seqs + 1, 0);
-    for (int64_t s = 0; s < num_seqs; ++s) {
-        TORCH_CHECK(qlens[s] >= 1 && qlens[s] <= max_q && qlens[s] <= ctxs[s] &&
-                        ctxs[s] <= max_blocks * block_size,
-                    "attention metadata of request ", s, " does not fit its tensors");
-        for (int64_t p = 0; p < ctxs[s]; p += block_size) {
-            const int64_t block = tables[s * max_blocks + p / block_size];
-            TORCH_CHECK(block >= 0 && block < num_cache_blocks, "block ", block, " out of range");
-            for (int64_t j = 0; j < block_size && p + j < ctxs[s]; ++j)
-                plan.slots.push_back(block * block_size + j);
-        }
-        slot_start[s + 1] = (int64_t)plan.slots.size();
-        plan.request_rows.push_back((int64_t)plan.rows.size());
-        for (int64_t r = 0; r < qlens[s]; ++r)
-            plan.rows.push_back({rows[s * max_q + r], slot_start[s], ctxs[s] - qlens[s] + r + 1});
-        plan.work += qlens[s] * ctxs[s];
-    }
-    plan.request_rows.push_back((int64_t)plan.rows.size());
-    return plan;
-}
-
-// out[row, h] = softmax(q[row, h] K^T / sqrt(D)) V for every planned row and query head; q and out
-// rows are row_stride floats apart (heads D apart), the caches [num_blocks, block_size, Hk, D].
-void attend(const AttentionPlan& plan, const float* q, int64_t q_row_stride, const float* k_cache,
-            const float* v_cache, int64_t num_heads, int64_t num_kv_heads, int64_t D, float* out,
-            int64_t out_row_stride) {
-    const int64_t group = num_heads / num_kv_heads, slot_stride = num_kv_heads * D;
-    const float scale = 1.0f / std::sqrt((float)D);
-    const VecOps ops = vec_ops();
-    const int64_t num_seqs = (int64_t)plan.request_rows.size() - 1;
-    // An item is a request's query heads on one KV head, sharing its key tiles: all its rows,
-    // and the whole GQA group where that leaves every thread two items (else one head of it).
-    // One thread computes an item, and a query's result never depends on the others in it
-    // (attend_heads), so a row's result is the same however rows are batched. Splitting costs a
-    // few microseconds: worth it only for enough multiply-adds.
-    const int64_t heads_per_item =
-        num_seqs * num_kv_heads >= 2 * at::get_num_threads() ? group : 1;
-    const int64_t parts = group / heads_per_item;
-    const int64_t items = num_seqs * num_kv_heads * parts;
-    const int64_t grain = plan.work * num_heads * D < kParallelAttentionWork ? items : 1;
-    at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-        thread_local std::vector<float> scratch;
-        thread_local std::vector<HeadQuery> queries;
-        for (int64_t item = begin; item < end; ++item) {
-            const int64_t s = item / (num_kv_heads * parts), kvh = item / parts % num_kv_heads;
-            const int64_t first_head = kvh * group + item % parts * heads_per_item;
-            const int64_t row_begin = plan.request_rows[s], row_end = plan.request_rows[s + 1];
-            queries.clear();
-            int64_t max_keys = 0;
-            for (int64_t r = row_begin; r < row_end; ++r) {
-                const AttentionPlan::Row& row = plan.rows[r];
-                max_keys = std::max(max_keys, row.num_keys);
-                for (int64_t h = first_head; h < first_head + heads_per_item; ++h)
-                    queries.push_back({q + row.index * q_row_stride + h * D,
-                                       out + row.index * out_row_stride + h * D, row.num_keys});
-            }
-            const int64_t need = attend_scratch_floats((int64_t)queries.size(), max_keys, D);
-            if ((int64_t)scratch.size() < need) scratch.resize(need);
-            const int64_t* slots = plan.slots.data() + plan.rows[row_begin].slot_start;
-            ops.attend_heads(queries.data(), (int64_t)queries.size(), D, scale,
-                             PagedRows{k_cache + kvh * D, slots, slot_stride},
-                             PagedRows{v_cache + kvh * D, slots, slot_stride}, scratch.data());
-        }
-    });
-}
-
-// q [T, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hk, D] already holding this step's KV.
-// Writes out[token_index[s, r]] for every real row; other rows of out are left untouched.
-void paged_attention_small(const torch::Tensor& q, const torch::Tensor& k_cache,
-                           const torch::Tensor& v_cache, const torch::Tensor& token_index,
-                           const torch::Tensor& query_lens, const torch::Tensor& context_lens,
-                           const torch::Tensor& block_tables, torch::Tensor& out) {
-    check_float_rows(q, "q");
-    check_float_rows(k_cache, "k_cache");
-    check_float_rows(v_cache, "v_cache");
-    check_float_rows(out, "out");
-    const AttentionPlan plan = plan_attention(token_index, query_lens, context_lens, block_tables,
-                                              k_cache.size(0), k_cache.size(1));
-    const int64_t num_heads = q.size(1), D = q.size(2);
-    attend(plan, q.data_ptr<float>(), num_heads * D, k_cache.data_ptr<float>(),
-           v_cache.data_ptr<float>(), num_heads, k_cache.size(2), D, out.data_ptr<float>(),
-           num_heads * D);
-}
-
 // Every function below releases the GIL while it runs (they touch no Python object): the
 // server's event loop thread streams tokens while the engine thread is in a layer.
 void register_cpu_ops(pybind11::module& m) {
@@ -293,8 +188,4 @@ void register_cpu_ops(pybind11::module& m) {
     m.def("silu_mul", &silu_mul, py::call_guard<py::gil_scoped_release>(), "silu(gate) * up of [T, 2I]", py::arg("gate_up"));
     m.def("rotary_", &rotary_, py::call_guard<py::gil_scoped_release>(), "rotary embedding in place on q and k", py::arg("q"),
           py::arg("k"), py::arg("cos"), py::arg("sin"), py::arg("positions"));
-    m.def("paged_attention_small", &paged_attention_small, py::call_guard<py::gil_scoped_release>(),
-          "paged attention of short queries over the KV cache", py::arg("q"), py::arg("k_cache"),
-          py::arg("v_cache"), py::arg("token_index"), py::arg("query_lens"),
-          py::arg("context_lens"), py::arg("block_tables"), py::arg("out"));
 }

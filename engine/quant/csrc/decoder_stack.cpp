@@ -77,11 +77,14 @@ void add_into(float* x, const float* y, int64_t n) {
 
 class DecoderStack {
   public:
+    // sliding_window > 0: every layer attends to that many keys at most (Mistral).
     DecoderStack(const std::vector<LayerWeights>& layers, double eps, torch::Tensor cos,
-                 torch::Tensor sin, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim)
+                 torch::Tensor sin, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                 int64_t sliding_window)
         : eps_((float)eps), cos_(std::move(cos)), sin_(std::move(sin)), num_heads_(num_heads),
-          num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
-        TORCH_CHECK(!layers.empty() && num_heads % num_kv_heads == 0, "bad stack shape");
+          num_kv_heads_(num_kv_heads), head_dim_(head_dim), sliding_window_(sliding_window) {
+        TORCH_CHECK(!layers.empty() && num_heads % num_kv_heads == 0 && sliding_window >= 0,
+                    "bad stack shape");
         check_floats(cos_, -1, "cos");
         check_floats(sin_, -1, "sin");
         TORCH_CHECK(cos_.sizes() == sin_.sizes() && cos_.dim() == 2 && cos_.size(1) == head_dim,
@@ -130,7 +133,8 @@ class DecoderStack {
             TORCH_CHECK(pos[t] >= 0 && pos[t] < cos_.size(0), "position ", pos[t], " out of range");
         }
         const AttentionPlan plan = plan_attention(token_index, query_lens, context_lens,
-                                                  block_tables, kv.size(2), kv.size(3));
+                                                  block_tables, kv.size(2), kv.size(3),
+                                                  sliding_window_);
         for (const AttentionPlan::Row& row : plan.rows)
             TORCH_CHECK(row.index >= 0 && row.index < T, "token index ", row.index, " out of range");
         for (int64_t id : layer_ids)
@@ -176,7 +180,7 @@ class DecoderStack {
                         kv_size * 4);
         }
         attend(plan, qkv, width, k_cache, v_cache, num_heads_, num_kv_heads_, D, attended_.data(),
-               q_size);
+               q_size, score_form(D, 0.0, 0.0));
         project(layer.o, attended_.data(), T, q_size, projected_.data());
         add_into(x, projected_.data(), T * hidden_);
 
@@ -194,7 +198,7 @@ class DecoderStack {
     std::vector<Layer> layers_;
     float eps_;
     torch::Tensor cos_, sin_;
-    int64_t num_heads_, num_kv_heads_, head_dim_, hidden_ = 0, intermediate_ = 0;
+    int64_t num_heads_, num_kv_heads_, head_dim_, sliding_window_, hidden_ = 0, intermediate_ = 0;
     // Rows of one step, kept between steps: [T, hidden], [T, q + 2 kv], [T, q], [T, hidden],
     // [T, 2 intermediate], [T, intermediate].
     std::vector<float> normed_, qkv_, attended_, projected_, gate_up_, activated_;
@@ -204,9 +208,10 @@ void register_decoder_stack(pybind11::module& m) {
     pybind11::class_<DecoderStack>(m, "DecoderStack",
                                    "a decode/verify step's decoder layers in one call")
         .def(pybind11::init<const std::vector<LayerWeights>&, double, torch::Tensor,
-                            torch::Tensor, int64_t, int64_t, int64_t>(),
+                            torch::Tensor, int64_t, int64_t, int64_t, int64_t>(),
              py::arg("layers"), py::arg("eps"), py::arg("cos"), py::arg("sin"),
-             py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"))
+             py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"),
+             py::arg("sliding_window") = 0)
         .def("run", &DecoderStack::run, py::call_guard<py::gil_scoped_release>(), py::arg("x"),
              py::arg("positions"), py::arg("kv"), py::arg("slot_mapping"),
              py::arg("token_index"), py::arg("query_lens"), py::arg("context_lens"),

@@ -286,6 +286,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return std::make_pair(g_matmul_calls.load(), g_matmul_ns.load() * 1e-9);
     }, "(calls, seconds) spent in matmul so far, process-wide");
     register_cpu_ops(m);
+    register_paged_attention(m);
     register_int8_ops(m);
     register_decoder_stack(m);
 }

@@ -48,7 +48,7 @@ static void silu_mul_row(const float* gate, const float* up, float* out, int64_t
 }
 
 #ifdef GGUF_KERNEL_X86_SIMD
-// scores[p] = scale * q . k_p for begin <= p < n (begin a multiple of 8), D a multiple of 8:
+// scores[p] = scale * q . k_p for begin <= p < n, D a multiple of 8:
 // eight keys at a time, so eight independent FMA chains keep both FMA units busy and one
 // reduction tree serves eight dot products (a horizontal sum per key cost as much as its FMAs).
 // Each key's score is the same whatever the range it is computed in.
@@ -139,18 +139,25 @@ static void weighted_values_of(int64_t nv, const float* w, const PagedRows& valu
 }
 #endif
 
+// s[0, n) = softcap tanh(s / softcap): Gemma 2's soft-capped attention logits, applied after the
+// scale as transformers does. Scalar: only models that ask for it pay for it.
+static void soft_cap(float* s, int64_t n, float softcap) {
+    for (int64_t p = 0; p < n; ++p) s[p] = std::tanh(s[p] / softcap) * softcap;
+}
+
 // One query head attending over the first n keys of its KV head, without vectors:
-// out = softmax(scale * q K^T) V, q and out D floats, scores scratch of n floats.
-static void attend_head_scalar(const float* q, int64_t D, float scale, const PagedRows& keys,
+// out = softmax(scores) V, q and out D floats, scores scratch of n floats.
+static void attend_head_scalar(const float* q, int64_t D, ScoreForm form, const PagedRows& keys,
                                const PagedRows& values, int64_t n, float* scores, float* out) {
-    float max_score = -INFINITY;
     for (int64_t p = 0; p < n; ++p) {
         const float* k = keys.row(p);
         float dot = 0.0f;
         for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-        scores[p] = dot * scale;
-        max_score = scores[p] > max_score ? scores[p] : max_score;
+        scores[p] = dot * form.scale;
     }
+    if (form.softcap > 0) soft_cap(scores, n, form.softcap);
+    float max_score = -INFINITY;
+    for (int64_t p = 0; p < n; ++p) max_score = scores[p] > max_score ? scores[p] : max_score;
     float total = 0.0f;
     for (int64_t p = 0; p < n; ++p) {
         scores[p] = std::exp(scores[p] - max_score);
@@ -165,43 +172,61 @@ static void attend_head_scalar(const float* q, int64_t D, float scale, const Pag
     for (int64_t d = 0; d < D; ++d) out[d] *= inv;
 }
 
+// The keys of a query that starts at key `first`: its key 0 is the shared list's key `first`.
+static PagedRows from_key(const PagedRows& rows, int64_t first) {
+    return {rows.base, rows.slots + first, rows.slot_stride};
+}
+
 // Query heads that read the same KV head (a request's rows, a GQA group's heads), each over its
-// own first num_keys keys: out = softmax(scale * q K^T) V. The keys and values go by in tiles of
+// own keys [first_key, num_keys): out = softmax(scores) V. The keys and values go by in tiles of
 // kKeyTile, each used by every query while it is in L1: reading them once per query from L2
 // made attention a third of a 6-row verify step at 500 keys. Every query's arithmetic is that
-// of a query alone (per-key scores; sums over keys in order, carried across tiles in memory),
-// so its result never depends on the others. Scratch: (8 + round_up(max num_keys, 8) + D)
-// floats per query.
+// of a query alone (per-key scores; sums over its keys in order from its first, carried across
+// tiles in memory), so its result never depends on the others. Scratch: (8 + round_up(keys, 8)
+// + D) floats per query, for the most keys one query sees.
 constexpr int64_t kKeyTile = 64;
 
-static void attend_heads(const HeadQuery* queries, int64_t count, int64_t D, float scale,
+static void attend_heads(const HeadQuery* queries, int64_t count, int64_t D, ScoreForm form,
                          const PagedRows& keys, const PagedRows& values, float* scratch) {
-    int64_t max_keys = 0;
-    for (int64_t g = 0; g < count; ++g)
-        max_keys = queries[g].num_keys > max_keys ? queries[g].num_keys : max_keys;
+    int64_t max_keys = 0, lowest = INT64_MAX, highest = 0;
+    for (int64_t g = 0; g < count; ++g) {
+        const HeadQuery& query = queries[g];
+        max_keys = query.num_keys - query.first_key > max_keys ? query.num_keys - query.first_key
+                                                               : max_keys;
+        lowest = query.first_key < lowest ? query.first_key : lowest;
+        highest = query.num_keys > highest ? query.num_keys : highest;
+    }
     const int64_t stride = (max_keys + 7) / 8 * 8 + D + 8;  // scores, then sums, then 1 / total
 #ifdef GGUF_KERNEL_X86_SIMD
     if (D % 8 == 0) {
-        for (int64_t p = 0; p < max_keys; p += kKeyTile)
+        const int64_t tiles_from = lowest / kKeyTile * kKeyTile;
+        for (int64_t p = tiles_from; p < highest; p += kKeyTile)
             for (int64_t g = 0; g < count; ++g) {
-                const int64_t n = queries[g].num_keys;
-                if (p < n) key_scores(queries[g].q, D, scale, keys, p, p + kKeyTile < n ? p + kKeyTile : n,
-                                      scratch + g * stride);
+                const int64_t f = queries[g].first_key, n = queries[g].num_keys;
+                const int64_t begin = p > f ? p : f, end = p + kKeyTile < n ? p + kKeyTile : n;
+                if (begin >= end) continue;
+                float* scores = scratch + g * stride;
+                key_scores(queries[g].q, D, form.scale, from_key(keys, f), begin - f, end - f,
+                           scores);
+                if (form.softcap > 0) soft_cap(scores + begin - f, end - begin, form.softcap);
             }
         for (int64_t g = 0; g < count; ++g) {
             float* scores = scratch + g * stride;
-            scores[stride - 8] = 1.0f / softmax_numerators(scores, queries[g].num_keys);
+            scores[stride - 8] =
+                1.0f / softmax_numerators(scores, queries[g].num_keys - queries[g].first_key);
             for (int64_t d = 0; d < D; ++d) scores[stride - 8 - D + d] = 0.0f;
         }
         for (int64_t d = 0; d < D; d += 64) {  // 64 columns (8 registers) a pass over the values
             const PagedRows part{values.base + d, values.slots, values.slot_stride};
             const int64_t nv = (D - d < 64 ? D - d : 64) / 8;
-            for (int64_t p = 0; p < max_keys; p += kKeyTile)
+            for (int64_t p = tiles_from; p < highest; p += kKeyTile)
                 for (int64_t g = 0; g < count; ++g) {
-                    const int64_t n = queries[g].num_keys;
+                    const int64_t f = queries[g].first_key, n = queries[g].num_keys;
+                    const int64_t begin = p > f ? p : f, end = p + kKeyTile < n ? p + kKeyTile : n;
                     float* scores = scratch + g * stride;
-                    if (p < n) weighted_values_of(nv, scores, part, p, p + kKeyTile < n ? p + kKeyTile : n,
-                                                  scores + stride - 8 - D + d);
+                    if (begin < end)
+                        weighted_values_of(nv, scores, from_key(part, f), begin - f, end - f,
+                                           scores + stride - 8 - D + d);
                 }
         }
         for (int64_t g = 0; g < count; ++g) {
@@ -214,9 +239,11 @@ static void attend_heads(const HeadQuery* queries, int64_t count, int64_t D, flo
         return;
     }
 #endif
-    for (int64_t g = 0; g < count; ++g)
-        attend_head_scalar(queries[g].q, D, scale, keys, values, queries[g].num_keys,
-                           scratch + g * stride, queries[g].out);
+    for (int64_t g = 0; g < count; ++g) {
+        const int64_t f = queries[g].first_key;
+        attend_head_scalar(queries[g].q, D, form, from_key(keys, f), from_key(values, f),
+                           queries[g].num_keys - f, scratch + g * stride, queries[g].out);
+    }
 }
 
 // The index of the largest of x[0, n), the first where several tie and the first NaN if any:

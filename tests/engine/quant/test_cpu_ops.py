@@ -154,15 +154,25 @@ def _attention_inputs(query_lens, context_lens, num_heads, num_kv_heads, head_di
     return q, k_cache, v_cache, token_index, block_tables
 
 
-def _attention_float64(q, k_cache, v_cache, table, num_keys):
-    """One row's heads over its first num_keys keys, in float64: [heads, head_dim]."""
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    keys = k_cache[table].flatten(0, 1)[:num_keys].double()  # [n, kv_heads, D]
-    values = v_cache[table].flatten(0, 1)[:num_keys].double()
+def _attention_float64(q, k_cache, v_cache, table, num_keys, window=0, scale=0.0, softcap=0.0):
+    """One row's heads over its first num_keys keys (the last `window` of them where > 0), in
+    float64: [heads, head_dim]."""
+    num_kv_heads = k_cache.shape[2]
+    first = max(0, num_keys - window) if window else 0
+    keys = k_cache[table].flatten(0, 1)[first:num_keys].double()  # [n, kv_heads, D]
+    values = v_cache[table].flatten(0, 1)[first:num_keys].double()
     group = q.shape[0] // num_kv_heads
     keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-    scores = torch.einsum("hd,nhd->hn", q.double(), keys) / q.shape[-1] ** 0.5
+    scores = torch.einsum("hd,nhd->hn", q.double(), keys) * (scale or q.shape[-1] ** -0.5)
+    if softcap:
+        scores = (scores / softcap).tanh() * softcap
     return torch.einsum("hn,nhd->hd", scores.softmax(-1), values)
+
+
+# Plain attention; a sliding window shorter than some contexts and longer than others, cutting
+# key tiles and blocks mid-way; and Gemma 2's form (its own scale, soft-capped scores).
+SCORE_FORMS = {"plain": {}, "window": {"window": 50},
+               "gemma2": {"window": 70, "scale": 0.3, "softcap": 2.0}}
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -173,8 +183,10 @@ def threads(request):
     torch.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("form", list(SCORE_FORMS))
 @pytest.mark.parametrize("head_dim", [64, 128, 24, 20])
-def test_attention_rows_are_bitwise_the_same_alone_and_in_any_batch(ops, head_dim, threads):
+def test_attention_rows_are_bitwise_the_same_alone_and_in_any_batch(ops, head_dim, threads,
+                                                                    form):
     """Long contexts (the work is split over threads, in key tiles) and short ones (one thread),
     head sizes on the vector path (multiples of 8, over and under 64 columns) and off it (20),
     work items of one query head or of a whole GQA group (as threads and requests decide): every
@@ -184,8 +196,9 @@ def test_attention_rows_are_bitwise_the_same_alone_and_in_any_batch(ops, head_di
     q, k_cache, v_cache, token_index, block_tables = _attention_inputs(
         query_lens, context_lens, num_heads, num_kv_heads, head_dim, seed=head_dim)
     batched = torch.full_like(q, float("nan"))
+    options = SCORE_FORMS[form]
     ops.paged_attention_small(q, k_cache, v_cache, token_index, torch.tensor(query_lens),
-                              torch.tensor(context_lens), block_tables, batched)
+                              torch.tensor(context_lens), block_tables, batched, **options)
     for s, (q_len, ctx) in enumerate(zip(query_lens, context_lens)):
         for r in range(q_len):
             row = int(token_index[s, r])
@@ -193,16 +206,33 @@ def test_attention_rows_are_bitwise_the_same_alone_and_in_any_batch(ops, head_di
             alone = torch.full_like(q[:1], float("nan"))
             ops.paged_attention_small(q[row:row + 1].contiguous(), k_cache, v_cache,
                                       torch.tensor([[0]]), torch.tensor([1]),
-                                      torch.tensor([num_keys]), block_tables[s:s + 1], alone)
+                                      torch.tensor([num_keys]), block_tables[s:s + 1], alone,
+                                      **options)
             assert torch.equal(alone[0], batched[row]), (s, r)
-            expected = _attention_float64(q[row], k_cache, v_cache, block_tables[s], num_keys)
+            expected = _attention_float64(q[row], k_cache, v_cache, block_tables[s], num_keys,
+                                          **options)
             torch.testing.assert_close(batched[row].double(), expected, rtol=2e-5, atol=2e-5)
     # The negative control: one key fewer is a different result.
     fewer = torch.empty_like(q[:1])
     ops.paged_attention_small(q[:1].contiguous(), k_cache, v_cache, torch.tensor([[0]]),
                               torch.tensor([1]), torch.tensor([context_lens[0] - 5]),
-                              block_tables[:1], fewer)
+                              block_tables[:1], fewer, **options)
     assert not torch.equal(fewer[0], batched[0])
+
+
+def test_blocks_behind_the_window_are_never_read(ops):
+    """Blocks wholly behind every query's window may have been given back: their table entries
+    are not even checked. The same table without the window is refused (the control)."""
+    q = torch.randn(2, 2, 8)
+    cache = torch.randn(4, 4, 1, 8)
+    args = (torch.tensor([[0, 1]]), torch.tensor([2]), torch.tensor([11]),
+            torch.tensor([[10**6, 1, 2]]))  # keys 0-3 in a block id that does not exist
+    out = torch.empty_like(q)
+    ops.paged_attention_small(q, cache, cache, *args, out, window=6)
+    expected = _attention_float64(q[1], cache, cache, torch.tensor([0, 1, 2]), 11, window=6)
+    torch.testing.assert_close(out[1].double(), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.paged_attention_small(q, cache, cache, *args, out)
 
 
 def test_paged_attention_refuses_metadata_beyond_its_tables(ops):

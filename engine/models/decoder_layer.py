@@ -1,0 +1,126 @@
+"""One decoder layer of the Llama family and its parts, with each family's differences as options:
+per-head q/k norms (Qwen3, Gemma 3), a sliding window, Gemma's attention scale and soft-capped
+scores (AttentionOptions), GELU in the gated MLP, and Gemma's norms after attention and MLP.
+
+Projections are fused (q/k/v into one matrix, gate/up into another) so a layer runs four matmuls
+where transformers runs seven.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.options import AttentionOptions
+from engine.attention.torch_backend import paged_attention
+from engine.models.architecture import LlamaArchitecture
+from engine.models.layers import Linear, RMSNorm, RotaryStep
+from engine.quant.kernels import cpu_ops_for
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: LlamaArchitecture, layer: int = 0):
+        super().__init__()
+        self.num_heads = arch.num_heads
+        self.num_kv_heads = arch.num_kv_heads
+        self.head_dim = arch.head_dim
+        q_size, kv_size = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+        self.split_sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = Linear(arch.hidden_size, q_size + 2 * kv_size, bias=arch.qkv_bias)
+        self.o_proj = Linear(q_size, arch.hidden_size, bias=arch.o_bias)
+        if arch.qk_norm:
+            self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
+            self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps)
+        self.qk_norm = arch.qk_norm
+        self.options = AttentionOptions(window=arch.window_of(layer), scale=arch.attention_scale,
+                                        softcap=arch.attn_softcap)
+        self.backend = "torch"  # of decode/verify attention (engine/attention/)
+
+    def forward(self, x, rope: RotaryStep, k_cache, v_cache, meta: AttentionMetadata):
+        qk, v = self.qkv_proj(x).split([self.split_sizes[0] + self.split_sizes[1],
+                                        self.split_sizes[2]], dim=-1)
+        qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
+        if self.qk_norm:  # each head's query and key normalised before the rotation
+            qk = torch.cat([self.q_norm(qk[:, :self.num_heads]),
+                            self.k_norm(qk[:, self.num_heads:])], dim=1)
+        # Queries and keys sit side by side in the projection: one rotation covers both.
+        qk = rope.rotate(qk, self.num_heads)
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.backend, self.options)
+        return self.o_proj(out.flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: LlamaArchitecture):
+        super().__init__()
+        self.intermediate_size = arch.intermediate_size
+        self.gate_up_proj = Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=arch.mlp_bias)
+        self.down_proj = Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
+        self.gelu = arch.hidden_act == "gelu_pytorch_tanh"
+
+    def forward(self, x):
+        gate_up = self.gate_up_proj(x)
+        fused = cpu_ops_for(gate_up)
+        if fused is not None and not self.gelu:
+            return self.down_proj(fused.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        activated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(activated * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: LlamaArchitecture, layer: int = 0):
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = Attention(arch, layer)
+        # Llama: the norm before the MLP. Gemma: the norm of the attention's output, with two
+        # more around the MLP (transformers' names, so checkpoints load by name).
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.sandwich = arch.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = MLP(arch)
+        # Gemma 3: sliding-window layers rotate with a rotation of their own
+        self.local_rope = arch.local_rope is not None and arch.window_of(layer) is not None
+
+    def forward(self, x, rope: RotaryStep, k_cache, v_cache, meta):
+        attended = self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta)
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(attended)
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + attended
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def fused_weights(self) -> tuple | None:
+        """This layer's weights as the fused CPU layer (cpu_ops.cpp `decoder_layer`) takes them,
+        or None where it does not apply: a projection not in one GGUF block format, MLP biases,
+        or a layer that is not Llama's (per-head norms, Gemma's norms, scale, soft-cap or GELU).
+        Fixed once the weights are loaded."""
+        if not hasattr(self, "_fused_weights"):
+            attn, mlp = self.self_attn, self.mlp
+            projections = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+            single = all(p.gguf is not None and len(p.gguf.parts) == 1 for p in projections)
+            llama_layer = not (attn.qk_norm or self.sandwich or mlp.gelu or self.local_rope
+                               or attn.options.scale is not None
+                               or attn.options.softcap is not None)
+            self._fused_weights = None
+            if single and mlp.gate_up_proj.bias is None and mlp.down_proj.bias is None \
+                    and llama_layer:
+                (qkv,), (o,), (gate_up,), (down,) = (p.gguf.parts for p in projections)
+                self._fused_weights = (
+                    self.input_layernorm.weight.detach(),
+                    self.post_attention_layernorm.weight.detach(),
+                    self.input_layernorm.eps,
+                    qkv.packed, qkv.fmt.ggml_type, _detached(attn.qkv_proj.bias),
+                    o.packed, o.fmt.ggml_type, _detached(attn.o_proj.bias),
+                    gate_up.packed, gate_up.fmt.ggml_type, down.packed, down.fmt.ggml_type,
+                )
+        return self._fused_weights
+
+
+def _detached(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach()
