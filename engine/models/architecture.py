@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2",
+                         "gemma3_text")
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
@@ -54,11 +55,22 @@ class LlamaArchitecture:
     final_softcap: float | None = None  # Gemma 2: logits soft-capped by tanh
     # Gemma 3: sliding-window layers rotate with their own (theta, scaling); None: one rotation
     local_rope: tuple | None = None
+    # Qwen3-MoE: the layers whose MLP is num_experts experts, of which each token uses the top
+    # num_experts_per_tok (their probabilities renormalised over them where norm_topk_prob)
+    sparse_layers: tuple = ()
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
 
     def __post_init__(self):  # read back from JSON (a saved EAGLE head's target): lists
         object.__setattr__(self, "layer_windows", tuple(self.layer_windows))
+        object.__setattr__(self, "sparse_layers", tuple(self.sparse_layers))
         if self.local_rope is not None:
             object.__setattr__(self, "local_rope", tuple(self.local_rope))
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer in self.sparse_layers
 
     def window_of(self, layer: int) -> int | None:
         return self.layer_windows[layer] if self.layer_windows else None
@@ -116,7 +128,7 @@ class LlamaArchitecture:
             qkv_bias=attention_bias or model_type == "qwen2",
             o_bias=attention_bias,
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            qk_norm=model_type in ("qwen3", "gemma3_text"),
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             layer_windows=_layer_windows(config),
@@ -128,6 +140,7 @@ class LlamaArchitecture:
             attn_softcap=getattr(config, "attn_logit_softcapping", None) if gemma else None,
             final_softcap=getattr(config, "final_logit_softcapping", None) if gemma else None,
             local_rope=local_rope,
+            **_experts(config),
         )
 
     def rope_inv_freq(self) -> torch.Tensor:  # [head_dim // 2] float32
@@ -176,6 +189,22 @@ def _rope_of(rope_params: dict, legacy_scaling: dict | None, config) -> tuple[fl
                          "are not supported")
     scaling = None if rope_type == "default" else {**rope_params, "rope_type": rope_type}
     return float(rope_theta), scaling
+
+
+def _experts(config) -> dict:
+    """Qwen3-MoE's expert fields: a layer has experts unless listed in mlp_only_layers, every
+    decoder_sparse_step-th layer (transformers' rule). Empty for dense models."""
+    num_experts = getattr(config, "num_experts", None) or 0
+    if not num_experts:
+        return {}
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    dense = set(getattr(config, "mlp_only_layers", None) or [])
+    sparse = tuple(i for i in range(config.num_hidden_layers)
+                   if i not in dense and (i + 1) % step == 0)
+    return dict(sparse_layers=sparse, num_experts=num_experts,
+                num_experts_per_tok=config.num_experts_per_tok,
+                moe_intermediate_size=config.moe_intermediate_size,
+                norm_topk_prob=bool(getattr(config, "norm_topk_prob", False)))
 
 
 def _layer_windows(config) -> tuple:

@@ -38,6 +38,10 @@ def fused_place(module_name: str, arch: LlamaArchitecture) -> tuple[str, int, st
     }
     prefix, _, leaf = module_name.rpartition(".")
     parent_leaf = f"{prefix.rpartition('.')[2]}.{leaf}"
+    if leaf in ("gate_proj", "up_proj") and prefix.rpartition(".")[0].endswith("mlp.experts"):
+        # An expert of a mixture (Qwen3-MoE's mlp.experts.<e>): a gated MLP of its own size
+        offset = 0 if leaf == "gate_proj" else arch.moe_intermediate_size
+        return f"{prefix}.gate_up_proj", offset, f"#mlp.{leaf}"
     if parent_leaf in places:
         fused, offset = places[parent_leaf]
         layer_prefix = prefix.rpartition(".")[0]

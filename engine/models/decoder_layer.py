@@ -1,6 +1,7 @@
 """One decoder layer of the Llama family and its parts, with each family's differences as options:
 per-head q/k norms (Qwen3, Gemma 3), a sliding window, Gemma's attention scale and soft-capped
-scores (AttentionOptions), GELU in the gated MLP, and Gemma's norms after attention and MLP.
+scores (AttentionOptions), GELU in the gated MLP, Gemma's norms after attention and MLP, and
+experts in place of the MLP (Qwen3-MoE, moe.py).
 
 Projections are fused (q/k/v into one matrix, gate/up into another) so a layer runs four matmuls
 where transformers runs seven.
@@ -17,6 +18,7 @@ from engine.attention.options import AttentionOptions
 from engine.attention.torch_backend import paged_attention
 from engine.models.architecture import LlamaArchitecture
 from engine.models.layers import Linear, RMSNorm, RotaryStep
+from engine.models.moe import SparseMoE
 from engine.quant.kernels import cpu_ops_for
 
 
@@ -54,11 +56,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, arch: LlamaArchitecture):
+    def __init__(self, arch: LlamaArchitecture, intermediate_size: int | None = None):
         super().__init__()
-        self.intermediate_size = arch.intermediate_size
-        self.gate_up_proj = Linear(arch.hidden_size, 2 * arch.intermediate_size, bias=arch.mlp_bias)
-        self.down_proj = Linear(arch.intermediate_size, arch.hidden_size, bias=arch.mlp_bias)
+        self.intermediate_size = size = intermediate_size or arch.intermediate_size
+        self.gate_up_proj = Linear(arch.hidden_size, 2 * size, bias=arch.mlp_bias)
+        self.down_proj = Linear(size, arch.hidden_size, bias=arch.mlp_bias)
         self.gelu = arch.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x):
@@ -83,7 +85,7 @@ class DecoderLayer(nn.Module):
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
             self.post_feedforward_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = MLP(arch)
+        self.mlp = SparseMoE(arch) if arch.is_sparse(layer) else MLP(arch)
         # Gemma 3: sliding-window layers rotate with a rotation of their own
         self.local_rope = arch.local_rope is not None and arch.window_of(layer) is not None
 
@@ -98,10 +100,14 @@ class DecoderLayer(nn.Module):
     def fused_weights(self) -> tuple | None:
         """This layer's weights as the fused CPU layer (cpu_ops.cpp `decoder_layer`) takes them,
         or None where it does not apply: a projection not in one GGUF block format, MLP biases,
-        or a layer that is not Llama's (per-head norms, Gemma's norms, scale, soft-cap or GELU).
+        or a layer that is not Llama's (per-head norms, Gemma's norms, scale, soft-cap, GELU,
+        experts).
         Fixed once the weights are loaded."""
         if not hasattr(self, "_fused_weights"):
             attn, mlp = self.self_attn, self.mlp
+            if not isinstance(mlp, MLP):
+                self._fused_weights = None
+                return None
             projections = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
             single = all(p.gguf is not None and len(p.gguf.parts) == 1 for p in projections)
             llama_layer = not (attn.qk_norm or self.sandwich or mlp.gelu or self.local_rope

@@ -32,6 +32,13 @@ FAMILIES = {
     # Per-head q/k norms, and a head_dim that is not hidden_size / num_heads (64 / 4).
     "qwen3-qk-norm": ("qwen3", {"tie_word_embeddings": True, "head_dim": 32}),
     "mha-no-gqa": ("llama", {"num_key_value_heads": 4}),
+    # Experts in every layer (top 2 of 4, probabilities as routed); and with a dense layer
+    # between and the top probabilities renormalised
+    "qwen3-moe": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "head_dim": 32,
+                                "moe_intermediate_size": 32}),
+    "qwen3-moe-dense-layer": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2,
+                                            "head_dim": 32, "moe_intermediate_size": 32,
+                                            "norm_topk_prob": True, "mlp_only_layers": [1]}),
     # Sliding windows shorter than the 40 test tokens and than the prefill chunks, so chunks,
     # decodes and the CPU kernel all cut keys off: every layer (Mistral), alternate layers
     # (Gemma 2, with its soft-capped scores and logits), and one global layer in three (Gemma 3,
