@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.models import rope
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2",
                          "gemma3_text")
 GEMMA_TYPES = ("gemma2", "gemma3_text")
@@ -101,9 +103,9 @@ class LlamaArchitecture:
         rope_params = dict(getattr(config, "rope_parameters", None) or {})
         local_rope = None
         if "full_attention" in rope_params:  # Gemma 3: a rotation per kind of layer
-            local_rope = _rope_of(dict(rope_params.get("sliding_attention") or {}), None, config)
+            local_rope = rope.rope_of(dict(rope_params.get("sliding_attention") or {}), None, config)
             rope_params = dict(rope_params["full_attention"])
-        rope_theta, rope_scaling = _rope_of(rope_params, getattr(config, "rope_scaling", None),
+        rope_theta, rope_scaling = rope.rope_of(rope_params, getattr(config, "rope_scaling", None),
                                             config)
         gemma = model_type in GEMMA_TYPES
         if getattr(config, "use_bidirectional_attention", False):
@@ -144,51 +146,12 @@ class LlamaArchitecture:
         )
 
     def rope_inv_freq(self) -> torch.Tensor:  # [head_dim // 2] float32
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim
-        inv_freq = 1.0 / (self.rope_theta ** exponents)
-        scaling = self.rope_scaling
-        if scaling is None:
-            return inv_freq
-        if scaling["rope_type"] == "linear":
-            return inv_freq / scaling["factor"]
-        if scaling["rope_type"] == "yarn":
-            return _yarn_inv_freq(inv_freq, scaling, self.head_dim, self.rope_theta)
-        return _llama3_inv_freq(inv_freq, scaling)
+        return rope.inv_freq(self.head_dim, self.rope_theta, self.rope_scaling)
 
     def rope_attention_factor(self) -> float:
-        """What YaRN multiplies cos and sin by (so every attention logit by its square): it
-        keeps attention's temperature as the context stretches. 1 for other ropes."""
-        scaling = self.rope_scaling
-        if scaling is None or scaling["rope_type"] != "yarn":
-            return 1.0
-        if scaling.get("attention_factor") is not None:
-            return float(scaling["attention_factor"])
-        factor = scaling["factor"]
-        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
-        if mscale and mscale_all_dim:  # DeepSeek's form: a ratio of two such terms
-            return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
-        return _yarn_mscale(factor)
-
-
-def _rope_of(rope_params: dict, legacy_scaling: dict | None, config) -> tuple[float, dict | None]:
-    """(theta, scaling) of one rotation from a config's rope parameters; scaling None for plain
-    RoPE. Raises ValueError for a kind of scaling not implemented here."""
-    if legacy_scaling:
-        rope_params.update(legacy_scaling)
-    rope_theta = rope_params.pop("rope_theta", None) or getattr(config, "rope_theta", 10000.0)
-    rope_type = rope_params.get("rope_type") or rope_params.get("type") or "default"
-    if rope_type not in ("default", "llama3", "linear", "yarn"):
-        raise ValueError(f"unsupported rope scaling {rope_type!r} (supported: llama3, linear, "
-                         "yarn)")
-    if rope_type == "yarn":  # the pretrained context, where it is not written down
-        rope_params.setdefault("original_max_position_embeddings", config.max_position_embeddings)
-    partial_rotary = rope_params.pop("partial_rotary_factor", None) or getattr(
-        config, "partial_rotary_factor", 1.0)
-    if partial_rotary != 1.0:
-        raise ValueError(f"partial rotary embeddings (partial_rotary_factor {partial_rotary}) "
-                         "are not supported")
-    scaling = None if rope_type == "default" else {**rope_params, "rope_type": rope_type}
-    return float(rope_theta), scaling
+        """What YaRN and LongRoPE multiply cos and sin by (so every attention logit by its
+        square): it keeps attention's temperature as the context stretches. 1 for other ropes."""
+        return rope.attention_factor(self.rope_scaling)
 
 
 def _experts(config) -> dict:
@@ -221,47 +184,3 @@ def _layer_windows(config) -> tuple:
                          "sliding_attention, full_attention)")
     windows = tuple(int(window) if kind == "sliding_attention" else None for kind in kinds)
     return windows if any(windows) else ()
-
-
-def _yarn_mscale(factor: float, weight: float = 1.0) -> float:
-    return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
-
-
-def _yarn_inv_freq(inv_freq: torch.Tensor, scaling: dict, head_dim: int,
-                   theta: float) -> torch.Tensor:
-    """YaRN ("NTK-by-parts"): dimensions that turn many times within the pretrained context keep
-    their frequency, those that turn less than once are interpolated by `factor`, and a linear
-    ramp over the dimensions between blends the two."""
-    factor = scaling["factor"]
-    original = scaling["original_max_position_embeddings"]
-    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
-
-    def dimension_turning(times: float) -> float:  # the dimension with `times` turns
-        return head_dim * math.log(original / (times * 2 * math.pi)) / (2 * math.log(theta))
-
-    low, high = dimension_turning(fast), dimension_turning(slow)
-    if scaling.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, head_dim - 1)
-    if high == low:
-        high += 0.001  # a ramp of zero width would divide by zero
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    keep = 1 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
-    return inv_freq / factor * (1 - keep) + inv_freq * keep
-
-
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
-    """Llama 3.1 frequency scaling: long wavelengths are stretched by `factor`, short ones kept,
-    and the band between is interpolated smoothly."""
-    factor = scaling["factor"]
-    low_freq_factor = scaling["low_freq_factor"]
-    high_freq_factor = scaling["high_freq_factor"]
-    original_max = scaling["original_max_position_embeddings"]
-    low_freq_wavelen = original_max / low_freq_factor
-    high_freq_wavelen = original_max / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (original_max / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)

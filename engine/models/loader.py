@@ -195,6 +195,14 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
 
 def _limit_positions(hf_config, max_model_len: int | None):
     if max_model_len is not None and max_model_len < hf_config.max_position_embeddings:
+        rope = getattr(hf_config, "rope_parameters", None)
+        if isinstance(rope, dict) and rope.get("rope_type") in ("longrope", "su") \
+                and rope.get("factor") is None:
+            # LongRoPE's attention factor follows the context the model was extended to, not
+            # the served one (transformers derives it from max_position_embeddings).
+            original = rope.get("original_max_position_embeddings") or \
+                hf_config.original_max_position_embeddings
+            rope["factor"] = hf_config.max_position_embeddings / original
         hf_config.max_position_embeddings = max_model_len
     return hf_config
 

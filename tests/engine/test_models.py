@@ -14,6 +14,11 @@ from tests.conftest import DEVICES, make_tiny_model
 CPU = torch.device("cpu")
 BLOCK_SIZE = 4
 
+PHI3_IDS = {"pad_token_id": 0, "eos_token_id": 2, "bos_token_id": 1}
+LONGROPE = {"max_position_embeddings": 64, "original_max_position_embeddings": 16,
+            "rope_scaling": {"rope_type": "longrope",
+                             "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                             "long_factor": [1.0 + 2.0 * i for i in range(8)]}}
 FAMILIES = {
     "llama-untied": ("llama", {}),
     "llama-tied": ("llama", {"tie_word_embeddings": True}),
@@ -28,7 +33,10 @@ FAMILIES = {
                                               "original_max_position_embeddings": 16}}),
     "mistral": ("mistral", {"sliding_window": None}),
     # qkv_proj and gate_up_proj stored whole; its default special ids lie past a tiny vocabulary
-    "phi3-fused-checkpoint": ("phi3", {"pad_token_id": 0, "eos_token_id": 2, "bos_token_id": 1}),
+    "phi3-fused-checkpoint": ("phi3", PHI3_IDS),
+    # LongRoPE past its 16-token pretrained context: the long factors (40 tokens in one call for
+    # transformers, a 64-token served context here) and the attention factor
+    "phi3-longrope": ("phi3", {**PHI3_IDS, **LONGROPE}),
     # Per-head q/k norms, and a head_dim that is not hidden_size / num_heads (64 / 4).
     "qwen3-qk-norm": ("qwen3", {"tie_word_embeddings": True, "head_dim": 32}),
     "mha-no-gqa": ("llama", {"num_key_value_heads": 4}),
@@ -95,6 +103,25 @@ def test_logits_match_transformers(tmp_path, family, device):
     got = _run_paged(ours, token_ids, block_table, cache, chunks=[17, 5, 9] + [1] * 9,
                      device=device)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_longrope_short_factors_serve_a_context_within_the_pretrained_one(tmp_path):
+    """Served at --max-model-len 16 (the pretrained context), LongRoPE rotates with the short
+    factors, as transformers does for 12 tokens; the attention factor still follows the
+    extended context. Served at 64, the long factors give other logits (the control)."""
+    hf_model = make_tiny_model(tmp_path, "phi3", **PHI3_IDS, **LONGROPE)
+    token_ids = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([token_ids])).logits[0]
+    got = {}
+    for served in (16, 64):
+        model = load_model(str(tmp_path), CPU, torch.float32, with_tokenizer=False,
+                           max_model_len=served).model
+        cache = KVCache(model.arch, num_blocks=8, block_size=BLOCK_SIZE, dtype=torch.float32,
+                        device=CPU)
+        got[served] = _run_paged(model, token_ids, [3, 1, 6, 0], cache, chunks=[9, 1, 1, 1])
+    torch.testing.assert_close(got[16], expected, atol=1e-4, rtol=1e-4)
+    assert (got[64] - expected).abs().max() > 1e-2
 
 
 def test_layer_subset_matches_truncated_transformers(tmp_path):
