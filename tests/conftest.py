@@ -125,6 +125,41 @@ def make_tiny_model(folder, model_type: str = "llama", tokenizer_from=None, **ov
     return model
 
 
+def transformers_greedy(hf_model, folder, prompts, max_tokens: int) -> list[list[int]]:
+    """transformers generate(), greedy, one prompt at a time, EOS ignored: the reference
+    outputs of a tiny model saved with a tokenizer in `folder`. Asserts the prompts steer it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    expected = []
+    for prompt in prompts:
+        ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+        with torch.no_grad():
+            out = hf_model.generate(ids, max_new_tokens=max_tokens, do_sample=False,
+                                    eos_token_id=None, pad_token_id=0)
+        expected.append(out[0, ids.shape[1]:].tolist())
+    assert len({tuple(e) for e in expected}) == len(prompts)
+    return expected
+
+
+def assert_lossless(target, draft, method: str, prompts, expected, params, **options):
+    """Greedy `method` on the tiny `target` gives the outputs `expected` of `prompts`, and the
+    `none` output of one more prompt (the first prompt, its output, the prompt again: a random
+    model rarely repeats its prompt, and there the n-gram lookup has a continuation at once);
+    and drafts were really proposed. `draft`: the draft model's folder for method "draft"."""
+    extra = {"ngram": {}, "layer-skip": {"draft_layer_ids": (0, 2)},
+             "draft": {"draft_model": str(draft)}}[method]
+    llm = make_llm(str(target), speculative_method=method, adaptive=False,
+                   num_speculative_tokens=4, **extra, **options)
+    prompt = llm.tokenizer(prompts[0])["input_ids"]
+    repeated = prompt + expected[0] + prompt
+    plain = make_llm(str(target), speculative_method="none", **options)
+    outputs = llm.generate([*prompts, repeated], params)
+    assert [o.token_ids for o in outputs] == [*expected,
+                                              plain.generate(repeated, params)[0].token_ids]
+    assert sum(o.spec_stats.num_draft_tokens for o in outputs) > 0
+
+
 @pytest.fixture(scope="session")
 def tiny_chat_model_folder(tmp_path_factory, default_model_folder):
     """A tiny random Llama with the default model's tokenizer: the whole engine, in milliseconds."""

@@ -14,7 +14,7 @@ from engine import SamplingParams
 from engine.kv_cache import KVCache
 from engine.models import loader
 from engine.models.architecture import LlamaArchitecture
-from tests.conftest import make_llm, make_tiny_model
+from tests.conftest import assert_lossless, make_llm, make_tiny_model, transformers_greedy
 from tests.engine.test_models import FAMILIES, _run_paged
 
 PROMPTS = ["The capital of France is Paris. The capital of Italy is Rome. The capital of",
@@ -35,18 +35,7 @@ def gemma(request, tmp_path_factory, default_model_folder):
     draft = tmp_path_factory.mktemp(f"{request.param}-draft")
     make_tiny_model(draft, model_type, tokenizer_from=default_model_folder, num_hidden_layers=2,
                     **overrides, **TOKENIZER)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(target)
-    expected = []
-    for prompt in PROMPTS:
-        ids = torch.tensor([tokenizer(prompt)["input_ids"]])
-        with torch.no_grad():
-            out = hf_model.generate(ids, max_new_tokens=GREEDY.max_tokens, do_sample=False,
-                                    eos_token_id=None, pad_token_id=0)
-        expected.append(out[0, ids.shape[1]:].tolist())
-    assert len({tuple(e) for e in expected}) == len(PROMPTS)  # the prompts steer the output
-    return target, draft, expected
+    return target, draft, transformers_greedy(hf_model, target, PROMPTS, GREEDY.max_tokens)
 
 
 def test_greedy_output_equals_transformers_alone_and_batched(gemma):
@@ -59,19 +48,7 @@ def test_greedy_output_equals_transformers_alone_and_batched(gemma):
 @pytest.mark.parametrize("method", ["ngram", "layer-skip", "draft"])
 def test_every_proposer_is_lossless_on_gemma(gemma, method):
     target, draft, expected = gemma
-    options = {"ngram": {}, "layer-skip": {"draft_layer_ids": (0, 2)},
-               "draft": {"draft_model": str(draft)}}[method]
-    llm = make_llm(str(target), speculative_method=method, adaptive=False,
-                   num_speculative_tokens=4, block_size=4, **options)
-    # A random model rarely repeats its prompt: a prompt, its output and the prompt again gives
-    # the n-gram lookup a continuation to propose at once.
-    prompt = llm.tokenizer(PROMPTS[0])["input_ids"]
-    repeated = prompt + expected[0] + prompt
-    plain = make_llm(str(target), speculative_method="none", block_size=4)
-    outputs = llm.generate([*PROMPTS, repeated], GREEDY)
-    assert [o.token_ids for o in outputs] == [*expected,
-                                              plain.generate(repeated, GREEDY)[0].token_ids]
-    assert sum(o.spec_stats.num_draft_tokens for o in outputs) > 0  # speculation really ran
+    assert_lossless(target, draft, method, PROMPTS, expected, GREEDY, block_size=4)
 
 
 # Each Gemma difference, dropped: the logits must then leave transformers'.

@@ -11,7 +11,7 @@ import torch
 from engine import SamplingParams
 from engine.models.architecture import LlamaArchitecture
 from engine.models.moe import SparseMoE, route
-from tests.conftest import make_llm, make_tiny_model
+from tests.conftest import assert_lossless, make_llm, make_tiny_model, transformers_greedy
 
 PROMPTS = ["The capital of France is Paris. The capital of Italy is", "def add(a, b):\n    return",
            "one two three one two three one two"]
@@ -90,18 +90,7 @@ def qwen3_moe(tmp_path_factory, default_model_folder):
     draft = tmp_path_factory.mktemp("qwen3-dense-draft")
     make_tiny_model(draft, "qwen3", tokenizer_from=default_model_folder, num_hidden_layers=2,
                     head_dim=32, **TOKENIZER)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(target)
-    expected = []
-    for prompt in PROMPTS:
-        ids = torch.tensor([tokenizer(prompt)["input_ids"]])
-        with torch.no_grad():
-            out = hf_model.generate(ids, max_new_tokens=GREEDY.max_tokens, do_sample=False,
-                                    eos_token_id=None, pad_token_id=0)
-        expected.append(out[0, ids.shape[1]:].tolist())
-    assert len({tuple(e) for e in expected}) == len(PROMPTS)
-    return target, draft, expected
+    return target, draft, transformers_greedy(hf_model, target, PROMPTS, GREEDY.max_tokens)
 
 
 def test_greedy_output_equals_transformers_alone_and_batched(qwen3_moe):
@@ -115,14 +104,4 @@ def test_greedy_output_equals_transformers_alone_and_batched(qwen3_moe):
 @pytest.mark.parametrize("method", ["ngram", "layer-skip", "draft"])
 def test_every_proposer_is_lossless_on_qwen3_moe(qwen3_moe, method):
     target, draft, expected = qwen3_moe
-    options = {"ngram": {}, "layer-skip": {"draft_layer_ids": (0, 2)},
-               "draft": {"draft_model": str(draft)}}[method]
-    llm = make_llm(str(target), speculative_method=method, adaptive=False,
-                   num_speculative_tokens=4, **options)
-    prompt = llm.tokenizer(PROMPTS[0])["input_ids"]
-    repeated = prompt + expected[0] + prompt  # gives the n-gram lookup something to propose
-    plain = make_llm(str(target), speculative_method="none")
-    outputs = llm.generate([*PROMPTS, repeated], GREEDY)
-    assert [o.token_ids for o in outputs] == [*expected,
-                                              plain.generate(repeated, GREEDY)[0].token_ids]
-    assert sum(o.spec_stats.num_draft_tokens for o in outputs) > 0
+    assert_lossless(target, draft, method, PROMPTS, expected, GREEDY)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from tests.conftest import make_llm, make_tiny_model
+from tests.conftest import make_llm, make_tiny_model, transformers_greedy
 
 WINDOW = 12
 BLOCK_SIZE = 4
@@ -38,16 +38,8 @@ def reference(mistral):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    expected = []
-    for prompt in PROMPTS:
-        ids = torch.tensor([tokenizer(prompt)["input_ids"]])
-        assert ids.shape[1] > WINDOW  # the window cuts the prompt itself
-        with torch.no_grad():
-            out = hf_model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False,
-                                    eos_token_id=None, pad_token_id=0)
-        expected.append(out[0, ids.shape[1]:].tolist())
-    assert len({tuple(e) for e in expected}) == len(PROMPTS)
-    return expected
+    assert all(len(tokenizer(p)["input_ids"]) > WINDOW for p in PROMPTS)  # cut by the window
+    return transformers_greedy(hf_model, folder, PROMPTS, MAX_TOKENS)
 
 
 def _all_blocks_free(llm) -> bool:
