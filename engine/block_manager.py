@@ -71,14 +71,16 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def peak_tokens(self, num_prompt_tokens: int, num_total_tokens: int, max_chunk: int,
-                    lookahead: int) -> int:
+                    speculative) -> int:
         """The most tokens of KV a request can hold at once. All of them, unless blocks behind
         a window are released: then the first prefill chunk holds itself, and a later step the
         window behind its first query, its new tokens (a chunk of at most `max_chunk`, or a
-        decode with its lookahead) and a partial block at each end."""
+        decode with its drafts, `speculative` a SpeculativeConfig) and a partial block at each
+        end."""
         if self.window is None:
             return num_total_tokens
         first_chunk = min(num_prompt_tokens, max_chunk) + self.block_size
+        lookahead = speculative.num_speculative_tokens if speculative.enabled else 0
         later_step = max(min(num_prompt_tokens - max_chunk, max_chunk), lookahead + 1)
         later = self.window + later_step + 2 * self.block_size
         return min(num_total_tokens, max(first_chunk, later))

@@ -131,12 +131,10 @@ class LLMEngine:
             raise ValueError(
                 f"this model's maximum context length is {self.limits.max_model_len} tokens, but "
                 f"the prompt has {len(token_ids)} tokens and max_tokens is {params.max_tokens} "
-                f"({total} in all)"
-            )
+                f"({total} in all)")
         capacity = self.limits.num_kv_blocks * self.limits.block_size
-        need = self.block_manager.peak_tokens(len(token_ids), total, self.scheduler.config
-                                              .max_num_batched_tokens, self.config.speculative
-                                              .num_speculative_tokens)
+        need = self.block_manager.peak_tokens(len(token_ids), total, self.config.scheduler
+                                              .max_num_batched_tokens, self.config.speculative)
         if need > capacity:
             raise ValueError(f"the request needs {need} tokens of KV cache but the whole cache "
                              f"holds {capacity}; raise --kv-cache-memory or lower max_tokens")
@@ -146,8 +144,7 @@ class LLMEngine:
         return Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt_token_ids=token_ids, sampling_params=params, eos_token_ids=self.eos_token_ids,
-            prompt_text=prompt_text, grammar=grammar,
-        )
+            prompt_text=prompt_text, grammar=grammar)
 
     def add(self, request: Request) -> None:
         if request.request_id in self._states:

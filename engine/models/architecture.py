@@ -157,7 +157,9 @@ class LlamaArchitecture:
 def _experts(config) -> dict:
     """Qwen3-MoE's expert fields: a layer has experts unless listed in mlp_only_layers, every
     decoder_sparse_step-th layer (transformers' rule). Empty for dense models."""
-    num_experts = getattr(config, "num_experts", None) or 0
+    # (config.json spells it num_local_experts; transformers' config class maps the name)
+    num_experts = getattr(config, "num_experts", None) or \
+        getattr(config, "num_local_experts", None) or 0
     if not num_experts:
         return {}
     step = getattr(config, "decoder_sparse_step", 1) or 1

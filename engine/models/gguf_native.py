@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -21,42 +20,14 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from engine.models.gguf_config import complete_config, scalar_fields
+from engine.models.gguf_names import NORMS_PLUS_ONE, hf_tensor_name
 from engine.quant.formats import FORMATS
 from engine.quant.gguf_weight import PackedTensor
 
 logger = logging.getLogger(__name__)
 
-_LAYER_TENSORS = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_GLOBAL_TENSORS = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_SKIPPED = {"rope_freqs.weight"}  # rope scaling comes from the config
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
-
-
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor, None for tensors the model computes itself."""
-    if gguf_name in _SKIPPED:
-        return None
-    if gguf_name in _GLOBAL_TENSORS:
-        return _GLOBAL_TENSORS[gguf_name]
-    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
-    if match is None or match.group(2) not in _LAYER_TENSORS:
-        raise ValueError(f"GGUF tensor {gguf_name!r} has no place in a Llama-family model")
-    layer, kind, param = match.groups()
-    return f"model.layers.{layer}.{_LAYER_TENSORS[kind]}.{param}"
 
 
 def rope_unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
@@ -76,35 +47,44 @@ def read_tensors(path: Path, hf_config) -> Iterator[tuple[str, torch.Tensor | Pa
     unpermute = architecture == "llama"  # llama.cpp's converter permutes q/k of llama only
     dequantized: set[str] = set()
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, architecture)
         if name is None:
             continue
-        type_name = tensor.tensor_type.name
         data = np.asarray(tensor.data)
-        if tensor.tensor_type.value in FORMATS:
-            packed = torch.from_numpy(data.copy())  # [rows, row_bytes], owned
-            rows = packed.shape[0]
-            value: torch.Tensor | PackedTensor = PackedTensor(
-                packed, tensor.tensor_type.value, (rows, int(tensor.shape[0])))
-        elif type_name in _FLOAT_TYPES:
-            value = torch.from_numpy(data.astype(np.float32))
-        else:
-            dequantized.add(type_name)
-            value = torch.from_numpy(gguf.quants.dequantize(data, tensor.tensor_type)
-                                     .astype(np.float32))
+        if "{expert}" in name:  # [experts, rows, ...]: each expert's rows are its own matrix
+            for expert in range(data.shape[0]):
+                yield name.format(expert=expert), _tensor_value(tensor, data[expert], dequantized)
+            continue
+        value = _tensor_value(tensor, data, dequantized)
         if unpermute and (".q_proj." in name or ".k_proj." in name):
             heads = hf_config.num_attention_heads if ".q_proj." in name \
                 else hf_config.num_key_value_heads
             value = _take_rows(value, rope_unpermute_rows(_num_rows(value), heads))
+        if architecture in NORMS_PLUS_ONE and name.endswith("norm.weight"):
+            value = value - 1  # stored as 1 + w; the model adds the 1 back (norm_weight_offset)
         yield name, value
     if dequantized:
         logger.warning("GGUF block types without a CPU kernel, dequantized to float32: %s",
                        ", ".join(sorted(dequantized)))
 
 
-# llama.cpp architectures whose files load here. Others (Gemma, Qwen3, Phi-3) store tensors
-# under names or with settings this loader does not map yet, and are refused before start.
-GGUF_ARCHITECTURES = ("llama", "qwen2")
+# llama.cpp architectures whose files load here (gguf_names.py, gguf_config.py). Others store
+# tensors under names or with settings this loader does not map yet: refused before start.
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3")
+
+
+def _tensor_value(tensor, data: np.ndarray, dequantized: set[str]) -> torch.Tensor | PackedTensor:
+    """One matrix of a GGUF tensor: kept in its blocks where a kernel exists, else float32."""
+    import gguf
+
+    type_name = tensor.tensor_type.name
+    if tensor.tensor_type.value in FORMATS:
+        packed = torch.from_numpy(data.copy())  # [rows, row_bytes], owned
+        return PackedTensor(packed, tensor.tensor_type.value, (packed.shape[0], int(tensor.shape[0])))
+    if type_name in _FLOAT_TYPES:
+        return torch.from_numpy(data.astype(np.float32))
+    dequantized.add(type_name)
+    return torch.from_numpy(gguf.quants.dequantize(data, tensor.tensor_type).astype(np.float32))
 
 
 def check_gguf(path: Path) -> None:
@@ -143,7 +123,13 @@ def gguf_types(path: Path) -> dict[str, str]:
     import gguf
 
     reader = gguf.GGUFReader(str(path))
-    names = {hf_tensor_name(t.name): t.tensor_type.name for t in reader.tensors}
+    architecture = _field_str(reader, "general.architecture")
+    names = {}
+    for t in reader.tensors:
+        name = hf_tensor_name(t.name, architecture)
+        experts = range(int(t.shape[-1])) if name and "{expert}" in name else [None]
+        for expert in experts:
+            names[name if expert is None else name.format(expert=expert)] = t.tensor_type.name
     names.pop(None, None)
     return names
 
@@ -156,16 +142,22 @@ def metadata_folder(path: Path, cache_root: Path) -> Path:
     """A cached folder with the file's config.json, tokenizer and generation config (no
     weights): written once per file version through transformers, atomically."""
     stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:v2".encode())
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:v3".encode())
     folder = cache_root / "gguf-meta" / f"{path.stem}-{key.hexdigest()[:12]}"
     if (folder / "config.json").is_file():
         return folder
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     kwargs = {"gguf_file": path.name}
+    import gguf
+
     config = AutoConfig.from_pretrained(path.parent, **kwargs)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    reader = gguf.GGUFReader(str(path))
+    complete_config(config, scalar_fields(reader), {
+        t.name: np.asarray(t.data).astype(float).tolist() for t in reader.tensors
+        if t.name.startswith("rope_factors_")})
     tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".staging-"))

@@ -25,7 +25,15 @@ def test_tensor_names_map_to_hugging_face_names():
     assert hf_tensor_name("output.weight") == "lm_head.weight"
     assert hf_tensor_name("rope_freqs.weight") is None
     with pytest.raises(ValueError, match="no place"):
-        hf_tensor_name("blk.0.ffn_gate_exps.weight")
+        hf_tensor_name("blk.0.ffn_bogus.weight")
+    with pytest.raises(ValueError, match="no place"):  # a Gemma norm in a llama file
+        hf_tensor_name("blk.0.post_ffw_norm.weight")
+    assert hf_tensor_name("blk.2.post_ffw_norm.weight", "gemma2") == \
+        "model.layers.2.post_feedforward_layernorm.weight"
+    assert hf_tensor_name("blk.2.ffn_norm.weight", "gemma3") == \
+        "model.layers.2.pre_feedforward_layernorm.weight"
+    assert hf_tensor_name("blk.1.ffn_up_exps.weight", "qwen3moe") == \
+        "model.layers.1.mlp.experts.{expert}.up_proj.weight"
 
 
 def test_rope_unpermute_is_a_permutation_that_splits_interleaved_pairs():
