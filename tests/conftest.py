@@ -142,13 +142,41 @@ def transformers_greedy(hf_model, folder, prompts, max_tokens: int) -> list[list
     return expected
 
 
+def tiny_target_and_draft(tmp_path_factory, tokenizer_from, target: tuple[str, dict],
+                          draft: tuple[str, dict], prompts, max_tokens: int):
+    """(target folder, draft folder, transformers' greedy outputs of the target): two tiny
+    models, (model_type, settings) each, with the default model's tokenizer; the draft has two
+    layers."""
+    folders = []
+    for (model_type, settings), role in ((target, "target"), (draft, "draft")):
+        folder = tmp_path_factory.mktemp(f"{model_type}-{role}")
+        layers = {"num_hidden_layers": 2} if role == "draft" else {}
+        hf_model = make_tiny_model(folder, model_type, tokenizer_from=tokenizer_from,
+                                   **{**settings, **layers})
+        folders.append((folder, hf_model))
+    (target_folder, hf_target), (draft_folder, _) = folders
+    return target_folder, draft_folder, transformers_greedy(hf_target, target_folder, prompts,
+                                                            max_tokens)
+
+
+def assert_alone_and_batched(llm, prompts, expected, params) -> None:
+    """Each prompt alone, then all in one batch, give `expected`."""
+    assert [llm.generate(p, params)[0].token_ids for p in prompts] == expected
+    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
+
+
 def assert_lossless(target, draft, method: str, prompts, expected, params, **options):
     """Greedy `method` on the tiny `target` gives the outputs `expected` of `prompts`, and the
     `none` output of one more prompt (the first prompt, its output, the prompt again: a random
     model rarely repeats its prompt, and there the n-gram lookup has a continuation at once);
-    and drafts were really proposed. `draft`: the draft model's folder for method "draft"."""
+    and drafts were really proposed. `draft`: the draft model's folder for method "draft";
+    method "eagle" drafts with an untrained head for the target (rejected almost always)."""
+    import tempfile
+
     extra = {"ngram": {}, "layer-skip": {"draft_layer_ids": (0, 2)},
-             "draft": {"draft_model": str(draft)}}[method]
+             "draft": {"draft_model": str(draft)}}.get(method, {})
+    if method == "eagle":
+        extra = {"draft_head": make_random_head(target, tempfile.mkdtemp(prefix="head-"), 8192)}
     llm = make_llm(str(target), speculative_method=method, adaptive=False,
                    num_speculative_tokens=4, **extra, **options)
     prompt = llm.tokenizer(prompts[0])["input_ids"]

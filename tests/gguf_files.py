@@ -1,6 +1,7 @@
 """Writes a tiny transformers model as llama.cpp's converter would (its tensor names, its keys,
-Gemma's norms stored as 1 + w, a mixture's experts stacked one tensor a layer), with the default
-model's tokenizer copied from its GGUF file: the GGUF files of the families, made by the tests."""
+llama's query/key rows permuted, Gemma's norms stored as 1 + w, a mixture's experts stacked one
+tensor a layer), with the default model's tokenizer copied from its GGUF file: the GGUF files of
+the families, made by the tests."""
 
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ def gguf_name(hf_name: str, architecture: str) -> str | None:
         return None
     names = {**_LAYER_NAMES, **(_GEMMA_NAMES if architecture in GEMMA else {})}
     return f"blk.{layer}.{names[module]}.{param}"
+
+
+def _permute(rows: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's order of a llama query/key projection's rows: each head's rotary pairs
+    interleaved rather than in two halves."""
+    return rows.reshape(num_heads, 2, rows.shape[0] // num_heads // 2, *rows.shape[1:]) \
+        .swapaxes(1, 2).reshape(rows.shape)
 
 
 def _keys(config, architecture: str) -> dict:
@@ -110,6 +118,12 @@ def write_gguf(hf_model, path: Path, architecture: str, tokenizer_gguf: Path,
                     for e, matrix in enumerate(stack)]
             continue
         stored = data + 1 if architecture in GEMMA and hf_name.endswith("norm.weight") else data
+        if architecture == "llama" and re.search(r"\.(q|k)_proj\.weight$", hf_name):
+            stored = _permute(stored, hf_model.config.num_attention_heads if ".q_proj." in hf_name
+                              else hf_model.config.num_key_value_heads)
+            held[hf_name] = data if quantize is None else None  # (not dequantized back here)
+            add(name, stored)
+            continue
         held[hf_name] = add(name, stored) - (stored - data)
     rope = hf_model.config.rope_parameters
     if architecture == "phi3" and rope.get("rope_type") == "longrope":  # factors as tensors

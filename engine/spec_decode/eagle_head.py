@@ -52,8 +52,9 @@ class EagleHead(nn.Module):
     def __init__(self, target_arch: LlamaArchitecture, draft_vocab_size: int):
         super().__init__()
         self.target_arch = target_arch
-        # One layer, attending to every earlier position whatever the target's windows are.
-        self.arch = replace(target_arch, num_layers=1, layer_windows=())
+        # One dense layer, attending to every earlier position whatever the target's windows
+        # and experts are.
+        self.arch = replace(target_arch, num_layers=1, layer_windows=(), sparse_layers=())
         hidden = target_arch.hidden_size
         self.fuse = Linear(2 * hidden, hidden)
         self.layer = DecoderLayer(self.arch)

@@ -14,7 +14,8 @@ from engine import SamplingParams
 from engine.kv_cache import KVCache
 from engine.models import loader
 from engine.models.architecture import LlamaArchitecture
-from tests.conftest import assert_lossless, make_llm, make_tiny_model, transformers_greedy
+from tests.conftest import (assert_alone_and_batched, assert_lossless, make_llm,
+                            make_tiny_model, tiny_target_and_draft)
 from tests.engine.test_models import FAMILIES, _run_paged
 
 PROMPTS = ["The capital of France is Paris. The capital of Italy is Rome. The capital of",
@@ -26,26 +27,21 @@ TOKENIZER = dict(vocab_size=49152, eos_token_id=2, bos_token_id=1, pad_token_id=
 
 @pytest.fixture(scope="module", params=["gemma2", "gemma3"])
 def gemma(request, tmp_path_factory, default_model_folder):
-    """A tiny target of the family, its greedy outputs from transformers, and a smaller draft
-    of the same family."""
+    """A tiny target of the family, a smaller draft of the same family, and the target's
+    transformers outputs."""
     model_type, overrides = FAMILIES[request.param]
-    target = tmp_path_factory.mktemp(f"{request.param}-target")
-    hf_model = make_tiny_model(target, model_type, tokenizer_from=default_model_folder,
-                               **overrides, **TOKENIZER)
-    draft = tmp_path_factory.mktemp(f"{request.param}-draft")
-    make_tiny_model(draft, model_type, tokenizer_from=default_model_folder, num_hidden_layers=2,
-                    **overrides, **TOKENIZER)
-    return target, draft, transformers_greedy(hf_model, target, PROMPTS, GREEDY.max_tokens)
+    family = (model_type, {**overrides, **TOKENIZER})
+    return tiny_target_and_draft(tmp_path_factory, default_model_folder, family, family,
+                                 PROMPTS, GREEDY.max_tokens)
 
 
 def test_greedy_output_equals_transformers_alone_and_batched(gemma):
     target, _, expected = gemma
     llm = make_llm(str(target), speculative_method="none", block_size=4)
-    assert [llm.generate(p, GREEDY)[0].token_ids for p in PROMPTS] == expected
-    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+    assert_alone_and_batched(llm, PROMPTS, expected, GREEDY)
 
 
-@pytest.mark.parametrize("method", ["ngram", "layer-skip", "draft"])
+@pytest.mark.parametrize("method", ["ngram", "layer-skip", "draft", "eagle"])
 def test_every_proposer_is_lossless_on_gemma(gemma, method):
     target, draft, expected = gemma
     assert_lossless(target, draft, method, PROMPTS, expected, GREEDY, block_size=4)

@@ -11,7 +11,8 @@ import torch
 from engine import SamplingParams
 from engine.models.architecture import LlamaArchitecture
 from engine.models.moe import SparseMoE, route
-from tests.conftest import assert_lossless, make_llm, make_tiny_model, transformers_greedy
+from tests.conftest import (assert_alone_and_batched, assert_lossless, make_llm,
+                            tiny_target_and_draft)
 
 PROMPTS = ["The capital of France is Paris. The capital of Italy is", "def add(a, b):\n    return",
            "one two three one two three one two"]
@@ -84,24 +85,20 @@ def test_routing_ties_are_broken_as_transformers_breaks_them():
 
 @pytest.fixture(scope="module")
 def qwen3_moe(tmp_path_factory, default_model_folder):
-    target = tmp_path_factory.mktemp("qwen3-moe")
-    hf_model = make_tiny_model(target, "qwen3_moe", tokenizer_from=default_model_folder,
-                               **MOE, **TOKENIZER)
-    draft = tmp_path_factory.mktemp("qwen3-dense-draft")
-    make_tiny_model(draft, "qwen3", tokenizer_from=default_model_folder, num_hidden_layers=2,
-                    head_dim=32, **TOKENIZER)
-    return target, draft, transformers_greedy(hf_model, target, PROMPTS, GREEDY.max_tokens)
+    """A tiny Qwen3-MoE, a dense Qwen3 draft, and the target's transformers outputs."""
+    return tiny_target_and_draft(
+        tmp_path_factory, default_model_folder, ("qwen3_moe", {**MOE, **TOKENIZER}),
+        ("qwen3", dict(head_dim=32, **TOKENIZER)), PROMPTS, GREEDY.max_tokens)
 
 
 def test_greedy_output_equals_transformers_alone_and_batched(qwen3_moe):
     target, _, expected = qwen3_moe
     llm = make_llm(str(target), speculative_method="none")
     assert llm.engine.runner.model.arch.sparse_layers == (0, 2)
-    assert [llm.generate(p, GREEDY)[0].token_ids for p in PROMPTS] == expected
-    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+    assert_alone_and_batched(llm, PROMPTS, expected, GREEDY)
 
 
-@pytest.mark.parametrize("method", ["ngram", "layer-skip", "draft"])
+@pytest.mark.parametrize("method", ["ngram", "layer-skip", "draft", "eagle"])
 def test_every_proposer_is_lossless_on_qwen3_moe(qwen3_moe, method):
     target, draft, expected = qwen3_moe
     assert_lossless(target, draft, method, PROMPTS, expected, GREEDY)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from tests.conftest import make_llm, make_tiny_model, transformers_greedy
+from tests.conftest import make_llm, make_random_head, make_tiny_model, transformers_greedy
 
 WINDOW = 12
 BLOCK_SIZE = 4
@@ -104,10 +104,13 @@ def test_prefix_cache_hits_across_the_window_edge(mistral, reference):
     assert _all_blocks_free(llm)
 
 
-@pytest.mark.parametrize("method", ["ngram", "layer-skip", "draft"])
+@pytest.mark.parametrize("method", ["ngram", "layer-skip", "draft", "eagle"])
 def test_every_proposer_is_lossless_past_the_window(mistral, reference, method,
                                                     tmp_path_factory, default_model_folder):
-    options = {"ngram": {}, "layer-skip": {"draft_layer_ids": (0, 2)}, "draft": {}}[method]
+    options = {"ngram": {}, "layer-skip": {"draft_layer_ids": (0, 2)}, "draft": {},
+               "eagle": {}}[method]
+    if method == "eagle":  # an untrained head, attending to everything: its KV is kept whole
+        options["draft_head"] = make_random_head(mistral[0], tmp_path_factory.mktemp("h"), 8192)
     if method == "draft":  # a draft with full attention: its KV is kept whole
         draft = tmp_path_factory.mktemp("mistral-draft")
         make_tiny_model(draft, "mistral", tokenizer_from=default_model_folder,
@@ -115,7 +118,7 @@ def test_every_proposer_is_lossless_past_the_window(mistral, reference, method,
         options["draft_model"] = str(draft)
     llm = make_llm(str(mistral[0]), speculative_method=method, adaptive=False,
                    num_speculative_tokens=4, block_size=BLOCK_SIZE, **options)
-    assert llm.engine.block_manager.window == (None if method == "draft" else WINDOW)
+    assert llm.engine.block_manager.window == (None if method in ("draft", "eagle") else WINDOW)
     outputs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outputs] == reference
     assert sum(o.spec_stats.num_draft_tokens for o in outputs) > 0
