@@ -101,12 +101,12 @@ class LlamaArchitecture:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         attention_bias = bool(getattr(config, "attention_bias", False))
         rope_params = dict(getattr(config, "rope_parameters", None) or {})
-        local_rope = None
+        local_rope, legacy_scaling = None, getattr(config, "rope_scaling", None)
         if "full_attention" in rope_params:  # Gemma 3: a rotation per kind of layer
             local_rope = rope.rope_of(dict(rope_params.get("sliding_attention") or {}), None, config)
-            rope_params = dict(rope_params["full_attention"])
-        rope_theta, rope_scaling = rope.rope_of(rope_params, getattr(config, "rope_scaling", None),
-                                            config)
+            # its rope_scaling is the same per-kind dict, already folded into full_attention
+            rope_params, legacy_scaling = dict(rope_params["full_attention"]), None
+        rope_theta, rope_scaling = rope.rope_of(rope_params, legacy_scaling, config)
         gemma = model_type in GEMMA_TYPES
         if getattr(config, "use_bidirectional_attention", False):
             raise ValueError("use_bidirectional_attention is not supported: specserve serves "

@@ -116,17 +116,19 @@ class LlamaForCausalLM(nn.Module):
         None where it does not apply: not the CPU float32 path, a layer without fused weights,
         layers with different windows, or a cache that is not one KVCache storage. Built on
         first use."""
-        if fused is None or getattr(kv_caches, "storage", None) is None \
-                or len({self.arch.window_of(i) for i in range(self.arch.num_layers)}) > 1:
+        if fused is None or getattr(kv_caches, "storage", None) is None:
             return None
         stack = getattr(self, "_stack", None)
         if stack is None or stack[1] is not self.rotary.cos:  # tables rebuilt: rebind them
             weights = [layer.fused_weights() for layer in self.layers]
             a = self.arch
-            built = None if any(w is None for w in weights) else fused.DecoderStack(
-                [w[:2] + w[3:] for w in weights], weights[0][2], self.rotary.cos,
-                self.rotary.sin, a.num_heads, a.num_kv_heads, a.head_dim,
-                a.window_of(0) or 0)
+            one_window = len({a.window_of(i) for i in range(a.num_layers)}) == 1
+            built = None
+            if one_window and all(w is not None for w in weights):
+                built = fused.DecoderStack(
+                    [w[:2] + w[3:] for w in weights], weights[0][2], self.rotary.cos,
+                    self.rotary.sin, a.num_heads, a.num_kv_heads, a.head_dim,
+                    a.window_of(0) or 0)
             stack = self._stack = (built, self.rotary.cos)
         return stack[0]
 

@@ -40,6 +40,7 @@ class SparseMoE(nn.Module):
         # device sync off the CPU) serves every expert of the layer.
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        flat_weights = weights.flatten()
         out = torch.zeros_like(x)
         start = 0
         for expert, count in zip(self.experts, counts):
@@ -47,7 +48,7 @@ class SparseMoE(nn.Module):
                 continue
             choices = order[start:start + count]
             tokens = choices // self.top_k
-            y = expert(x.index_select(0, tokens)) * weights.flatten()[choices].unsqueeze(1)
+            y = expert(x.index_select(0, tokens)) * flat_weights[choices].unsqueeze(1)
             out.index_add_(0, tokens, y)
             start += count
         return out
