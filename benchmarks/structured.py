@@ -4,15 +4,18 @@ JSON workload (`benchmarks/json_workload.py`), the same grammar for both, on the
     python -m benchmarks.structured --output benchmarks/results/structured.json
 
 1. Batch 1, greedy: every item alone, the methods taking turns on each; tokens/s, the ratio to
-   `none`, forced and proposed drafts, whether the tokens equal `none`'s.
+   `none`, forced and proposed drafts, whether the tokens equal `none`'s. Twice: with every
+   prompt new to the engine (prefix caching off: each prefill in full), and as the server runs
+   by default (prefix caching on, a fresh cache at the start: a request finds the system message
+   of earlier requests with the same schema cached, never its own prompt).
 2. Concurrency (`--concurrency`, greedy): the items cycled to c requests in one generate call.
 3. Grammar overhead (concurrent runs): the time spent in grammar work (masks for every verified
-   row, unpacking them, checking and forcing drafts, advancing matchers; each wrapped with a
-   timer) as a share of the decode time.
+   row, applying them, forced drafts and the look-ahead behind them, checking drafts, advancing
+   matchers; `GrammarTimer`) as a share of the decode time.
 
 Rates: end to end (`tokens_per_s`, prefill included: the schema in the system message makes
-prompts long) and decode (`decode_tokens_per_s`: the same call cut to one token is timed first,
-and its time taken off).
+prompts long) and decode (`decode_tokens_per_s`: the tokens after each request's first over the
+time after every request had its first, both timed in the same run).
 4. Validity: every finished output checked against its JSON schema with jsonschema.
 
 Everything in one process, side by side; compare ratios, not absolute numbers.
@@ -46,23 +49,33 @@ METHODS = ("none", "ngram")
 
 
 class GrammarTimer:
-    """Wraps the engine's grammar work with timers while active."""
+    """Wraps the engine's grammar work with timers while active: every call into a request's
+    matcher (masks, forced tokens, look-ahead and rollback of drafts, checking drafts, advancing),
+    building and applying the masks, and finding the rows they decide. Calls inside a timed call
+    count once; the n-gram lookups that `interleave_drafts` makes between forced runs are not
+    grammar work and are not timed."""
 
     PATCHES = [(engine_module, "build_bitmask"), (engine_module, "known_next_tokens"),
                (sampler, "mask_logits"), (speculation, "constrain_drafts"),
-               (GrammarMatcher, "accept")]
+               *((GrammarMatcher, name) for name in (
+                   "accept", "valid_prefix", "look_ahead", "roll_back_look_ahead",
+                   "forced_tokens", "fill_masks"))]
 
     def __init__(self):
         self.seconds = 0.0
         self._saved = []
+        self._depth = 0
 
     def _timed(self, function):
         def wrapper(*args, **kwargs):
+            self._depth += 1
             start = time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - start
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.perf_counter() - start
         return wrapper
 
     def __enter__(self):
@@ -78,20 +91,35 @@ class GrammarTimer:
         self._saved.clear()
 
 
-def run(llm: LLM, items, max_tokens: int) -> tuple[list, float]:
-    params = [SamplingParams(max_tokens=max_tokens, temperature=0, structured=item.constraint)
-              for item in items]
+def run(llm: LLM, items, max_tokens: int) -> tuple[list, float, float]:
+    """The items in one continuous batch, as `LLM.generate` runs them: (outputs, seconds, seconds
+    until every request had its first token)."""
+    engine = llm.engine
+    requests = [engine.make_request(item.prompt_ids, SamplingParams(
+        max_tokens=max_tokens, temperature=0, structured=item.constraint)) for item in items]
     start = time.perf_counter()
-    outputs = llm.generate([item.prompt_ids for item in items], params)
-    return outputs, time.perf_counter() - start
+    for request in requests:
+        engine.add(request)
+    finals, started, first_seconds = {}, set(), None
+    try:
+        while engine.has_unfinished():
+            for output in engine.step():
+                if output.token_ids:
+                    started.add(output.request_id)
+                if output.finished:
+                    finals[output.request_id] = output
+            if first_seconds is None and len(started) == len(requests):
+                first_seconds = time.perf_counter() - start
+    finally:
+        for request in requests:  # an interrupted run leaves nothing behind
+            if request.request_id not in finals:
+                engine.abort(request.request_id)
+    return [finals[r.request_id] for r in requests], time.perf_counter() - start, first_seconds
 
 
 def measure(llm: LLM, items, max_tokens: int, timed: bool = False) -> tuple[list, dict]:
-    """The items in one generate call, after the same call cut to one token (its time, the
-    prefill's, is taken off for the decode rate)."""
-    _, prefill_seconds = run(llm, items, 1)
     with GrammarTimer() if timed else contextlib.nullcontext() as timer:
-        outputs, seconds = run(llm, items, max_tokens)
+        outputs, seconds, prefill_seconds = run(llm, items, max_tokens)
     stats = SpecStats()
     for output in outputs:
         if output.spec_stats is not None:
@@ -99,6 +127,7 @@ def measure(llm: LLM, items, max_tokens: int, timed: bool = False) -> tuple[list
     finished = [(o, item) for o, item in zip(outputs, items) if o.finish_reason == "stop"]
     record = {"tokens": sum(len(o.token_ids) for o in outputs), "seconds": seconds,
               "prefill_seconds": prefill_seconds,
+              "cached_prompt_tokens": sum(o.num_cached_tokens for o in outputs),
               "finished": len(finished), "cut_by_max_tokens": len(outputs) - len(finished),
               "valid": sum(is_valid(o.text, item.schema) for o, item in finished),
               "draft_tokens": stats.num_draft_tokens, "accepted_tokens": stats.num_accepted_tokens,
@@ -111,7 +140,7 @@ def measure(llm: LLM, items, max_tokens: int, timed: bool = False) -> tuple[list
 
 def rates(records: list[dict], num_requests: int) -> dict:
     """Summed records with their rates: end to end (prefill included), and decode (the tokens
-    after each request's first over the time past the one-token run)."""
+    after each request's first over the time after every request had its first)."""
     total = {key: sum(r[key] for r in records) for key in records[0]}
     decode_seconds = total["seconds"] - total["prefill_seconds"]
     total["tokens_per_s"] = total["tokens"] / total["seconds"]
@@ -164,6 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--concurrency", default="16")
+    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="skip the batch-1 pass with prefix caching on (the server's default)")
     p.add_argument("--output", default=None)
     args = p.parse_args(argv)
     folder, model_name = resolve_model_folder(args.model)
@@ -173,6 +204,14 @@ def main(argv: list[str] | None = None) -> dict:
                    kv_cache_memory_gib=CPU_KV_CACHE_GIB) for m in METHODS}
     for llm in llms.values():  # warm-up, and every constraint compiled before timing
         run(llm, items, 8)
+    cached = {}
+    if args.prefix_caching:
+        cached = {m: LLM(args.model, speculative_method=m, enable_prefix_caching=True,
+                         kv_cache_memory_gib=CPU_KV_CACHE_GIB) for m in METHODS}
+        for llm in cached.values():  # warm-up that leaves none of the items' prompts cached
+            for item in items:
+                llm.generate([tokenizer("Hello")["input_ids"]], SamplingParams(
+                    max_tokens=8, temperature=0, structured=item.constraint))
     levels = [int(c) for c in args.concurrency.split(",")]
     report = {
         "benchmark": "structured",
@@ -182,6 +221,8 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": platform.platform(), "load_average": [round(v, 2) for v in os.getloadavg()],
         "num_items": len(items), "max_tokens": args.max_tokens,
         "batch1": batch_one(llms, items, args.max_tokens),
+        # The server's default: the schema's system message cached by earlier requests.
+        **({"batch1_prefix_caching": batch_one(cached, items, args.max_tokens)} if cached else {}),
         "concurrent": {str(c): concurrent(llms, items, args.max_tokens, c) for c in levels},
     }
     emit(report, args.output, indent=1)

@@ -28,11 +28,17 @@ def test_json_workload_items_compile_and_check_their_schemas(default_llm):
 def test_structured_benchmark_reports_valid_equal_outputs(tmp_path):
     from benchmarks.structured import main
 
-    report = main(["--num-prompts", "1", "--shapes", "tools,steps", "--max-tokens", "48",
+    report = main(["--num-prompts", "2", "--shapes", "tools", "--max-tokens", "48",
                    "--concurrency", "2", "--output", str(tmp_path / "structured.json")])
     assert json.loads((tmp_path / "structured.json").read_text()) == report
-    every = report["batch1"]["all"]
-    assert every["none"]["tokens"] > 0 and every["ngram"]["equal_to_none"] is True
-    assert every["ngram"]["forced_draft_tokens"] > 0
-    assert every["none"]["valid"] == every["none"]["finished"]
+    for mode in ("batch1", "batch1_prefix_caching"):
+        every = report[mode]["all"]
+        assert every["none"]["tokens"] > 0 and every["ngram"]["equal_to_none"] is True
+        assert every["ngram"]["forced_draft_tokens"] > 0
+        assert every["none"]["valid"] == every["none"]["finished"]
+        assert 0 < every["none"]["prefill_seconds"] < every["none"]["seconds"]
+    # The second prompt finds the tool schema's system message that the first left cached,
+    # and never with prefix caching off.
+    assert report["batch1_prefix_caching"]["all"]["none"]["cached_prompt_tokens"] > 0
+    assert report["batch1"]["all"]["none"]["cached_prompt_tokens"] == 0
     assert 0 < report["concurrent"]["2"]["ngram"]["grammar_share_of_decode"] < 1
