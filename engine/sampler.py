@@ -238,7 +238,8 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     tokens stay at -inf through bias and penalties, so every later step sees the masked
     distribution."""
     if batch.bitmask is not None:
-        logits = mask_logits(logits, batch.bitmask)
+        # Logprobs are of the raw logits (read after this); without them, nothing reads them.
+        logits = mask_logits(logits, batch.bitmask, in_place=batch.max_num_logprobs is None)
     if batch.logit_bias is not None:
         bias = batch.logit_bias
         logits = logits.index_put((bias.rows, bias.token_ids), bias.values, accumulate=True)

@@ -41,14 +41,21 @@ def apply_allowed(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~allowed, float("-inf"))
 
 
-def mask_logits(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """A new [rows, vocab] tensor with every token the bitmask ([rows, words] int32 on the host)
-    does not allow at -inf: in one compiled pass on CPU, unpacked on the logits' device
-    elsewhere."""
+def mask_logits(logits: torch.Tensor, bitmask: torch.Tensor,
+                in_place: bool = False) -> torch.Tensor:
+    """The logits with every token the bitmask ([rows, words] int32 on the host) does not allow
+    at -inf: in one compiled pass on CPU, unpacked on the logits' device elsewhere. A new tensor,
+    or `logits` itself overwritten where `in_place` (callers that never read the raw logits
+    again: then only the refused tokens are written, not every row copied)."""
     fused = cpu_ops_for(logits)
     if fused is not None and logits.dim() == 2 and logits.is_contiguous():
+        if in_place:
+            fused.mask_logits_(logits, bitmask)
+            return logits
         return fused.mask_logits(logits, bitmask)
-    return apply_allowed(logits, unpack_bitmask(bitmask, logits.shape[-1], logits.device))
+    allowed = unpack_bitmask(bitmask, logits.shape[-1], logits.device)
+    return logits.masked_fill_(~allowed, float("-inf")) if in_place \
+        else apply_allowed(logits, allowed)
 
 
 def known_next_tokens(requests: Sequence, row_starts: Sequence[int],

@@ -182,6 +182,33 @@ def test_rows_the_grammar_decides_skip_the_lm_head_and_change_no_token(small_voc
     assert [o.token_ids for o in llm.generate([PROMPT_IDS] * 64, seeded)] != with_skip
 
 
+def test_logprobs_under_a_grammar_stay_the_raw_models(plain_structured, monkeypatch):
+    """Masks go onto the logits in place only in steps where no row wants logprobs: a request
+    that asks for them, batched with one that does not, gets the raw model's best alternatives,
+    those of the same positions fed without a grammar. Control: masking in place regardless
+    leaves only the grammar's tokens among them."""
+    import engine.sampler
+    from engine.grammar import masks
+
+    _, llm = plain_structured
+    prompt = llm.tokenizer(PROMPTS[0])["input_ids"]
+    asks = SamplingParams(max_tokens=5, temperature=0, structured=CONSTRAINTS[0], logprobs=3)
+    quiet = dataclasses.replace(asks, logprobs=None)
+    out = llm.generate([prompt, PROMPTS[1]], [asks, quiet])[0]
+    for i, step in enumerate(out.logprobs):
+        free = llm.generate([prompt + out.token_ids[:i]],
+                            SamplingParams(max_tokens=1, temperature=0, logprobs=3))[0]
+        (top_ids, top_logprobs), (free_ids, free_logprobs) = (zip(*step.top),
+                                                              zip(*free.logprobs[0].top))
+        assert top_ids == free_ids and top_logprobs == pytest.approx(free_logprobs, abs=1e-4)
+    monkeypatch.setattr(engine.sampler, "mask_logits",
+                        lambda logits, bitmask, in_place=False: masks.mask_logits(logits, bitmask,
+                                                                                  True))
+    masked = llm.generate([prompt, PROMPTS[1]], [asks, quiet])[0]
+    assert masked.token_ids == out.token_ids
+    assert [s.top for s in masked.logprobs] != [s.top for s in out.logprobs]
+
+
 def test_known_next_tokens_reads_one_bit_rows_of_requests_without_logprobs():
     from types import SimpleNamespace
 

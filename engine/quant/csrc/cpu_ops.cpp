@@ -82,12 +82,16 @@ torch::Tensor argmax_rows(const torch::Tensor& x) {
 // [N, V] logits and [N, W] int32 grammar bitmask words (bit t % 32 of word t / 32 allows token
 // t, W * 32 >= V) -> a new [N, V] tensor with every disallowed token at -inf: the torch path
 // (unpack to [N, W, 32] int32, then masked_fill) moved ~1 MB of temporaries per row.
-torch::Tensor mask_logits(const torch::Tensor& logits, const torch::Tensor& bitmask) {
+void check_bitmask(const torch::Tensor& logits, const torch::Tensor& bitmask) {
     check_float_rows(logits, "logits");
     TORCH_CHECK(bitmask.scalar_type() == torch::kInt32 && bitmask.is_contiguous() &&
                     bitmask.dim() == 2 && logits.dim() == 2 && bitmask.size(0) == logits.size(0) &&
                     bitmask.size(1) * 32 >= logits.size(1),
                 "bitmask must be contiguous int32 [rows, words] covering the logits' columns");
+}
+
+torch::Tensor mask_logits(const torch::Tensor& logits, const torch::Tensor& bitmask) {
+    check_bitmask(logits, bitmask);
     const int64_t N = logits.size(0), V = logits.size(1), W = bitmask.size(1);
     auto out = torch::empty_like(logits);
     const float* in = logits.data_ptr<float>();
@@ -111,6 +115,31 @@ torch::Tensor mask_logits(const torch::Tensor& logits, const torch::Tensor& bitm
             }
     });
     return out;
+}
+
+// mask_logits in place: only the refused tokens are written (a free-text row of a JSON string
+// allows nearly every word, so it is mostly left as it is), for callers that never read the raw
+// logits again.
+void mask_logits_(torch::Tensor& logits, const torch::Tensor& bitmask) {
+    check_bitmask(logits, bitmask);
+    const int64_t N = logits.size(0), V = logits.size(1), W = bitmask.size(1);
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
+    float* x = logits.data_ptr<float>();
+    const float ninf = -std::numeric_limits<float>::infinity();
+    at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {  // 16 rows: as mask_logits
+        for (int64_t r = begin; r < end; ++r)
+            for (int64_t w = 0; w * 32 < V; ++w) {
+                const uint32_t word = words[r * W + w];
+                if (word == 0xFFFFFFFFu) continue;
+                const int64_t base = r * V + w * 32, n = std::min<int64_t>(32, V - w * 32);
+                if (word == 0) {  // most words of a structural row
+                    std::fill(x + base, x + base + n, ninf);
+                    continue;
+                }
+                for (int64_t b = 0; b < n; ++b)
+                    if (!((word >> b) & 1u)) x[base + b] = ninf;
+            }
+    });
 }
 
 // [N, W] int32 grammar bitmask words -> int64 [N]: the one token a row allows, or -1 where it
@@ -181,6 +210,8 @@ void register_cpu_ops(pybind11::module& m) {
     m.def("mask_logits", &mask_logits, py::call_guard<py::gil_scoped_release>(),
           "logits with every token the bitmask does not allow at -inf", py::arg("logits"),
           py::arg("bitmask"));
+    m.def("mask_logits_", &mask_logits_, py::call_guard<py::gil_scoped_release>(),
+          "mask_logits in place", py::arg("logits"), py::arg("bitmask"));
     m.def("single_token_rows", &single_token_rows, py::call_guard<py::gil_scoped_release>(),
           "per bitmask row, the one token it allows, or -1", py::arg("bitmask"));
     m.def("argmax_rows", &argmax_rows, py::call_guard<py::gil_scoped_release>(),

@@ -274,7 +274,8 @@ def test_fused_decoder_layer_equals_the_python_layers(ops, monkeypatch, default_
 
 
 def test_mask_logits_is_the_unpacked_masked_fill(ops):
-    """The compiled grammar mask equals unpacking the words and masked_fill, bitwise, with words
+    """The compiled grammar mask (new tensor or in place) equals unpacking the words and
+    masked_fill, bitwise, with words
     all set, all clear, the sign bit, and a vocabulary that ends inside a word; the control:
     the bits read the other way round give another result."""
     from engine.grammar.masks import apply_allowed, unpack_bitmask
@@ -288,6 +289,9 @@ def test_mask_logits_is_the_unpacked_masked_fill(ops):
     ours = ops.mask_logits(logits, bitmask)
     assert torch.equal(ours, expected) and not torch.equal(ours, logits)
     assert torch.equal(logits, torch.randn(4, vocab, generator=torch.Generator().manual_seed(0)))
+    in_place = logits.clone()  # the in-place pass writes only refused tokens: the same result
+    ops.mask_logits_(in_place, bitmask)
+    assert torch.equal(in_place, expected)
     reversed_bits = torch.tensor([[int(f"{w & 0xFFFFFFFF:032b}"[::-1], 2) for w in row]
                                   for row in bitmask.tolist()], dtype=torch.int64)
     reversed_bits = ((reversed_bits + 2**31) % 2**32 - 2**31).to(torch.int32)
