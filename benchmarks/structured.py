@@ -91,30 +91,31 @@ class GrammarTimer:
         self._saved.clear()
 
 
+class FirstTokenTimes:
+    """The engine's own per-request stats, as the server's metrics get them: each finished
+    request's time to its first token."""
+
+    def __init__(self, llm: LLM):
+        self.seconds: list[float] = []
+        llm.engine.add_stat_listener(self)
+
+    def on_step(self, stats) -> None:
+        pass
+
+    def on_request_finished(self, summary) -> None:
+        self.seconds.append(summary.time_to_first_token)
+
+
 def run(llm: LLM, items, max_tokens: int) -> tuple[list, float, float]:
-    """The items in one continuous batch, as `LLM.generate` runs them: (outputs, seconds, seconds
-    until every request had its first token)."""
-    engine = llm.engine
-    requests = [engine.make_request(item.prompt_ids, SamplingParams(
-        max_tokens=max_tokens, temperature=0, structured=item.constraint)) for item in items]
+    """The items in one `generate` call: (outputs, seconds, seconds until every request had its
+    first token)."""
+    times = getattr(llm, "first_token_times", None) or FirstTokenTimes(llm)
+    llm.first_token_times, times.seconds = times, []
+    params = [SamplingParams(max_tokens=max_tokens, temperature=0, structured=item.constraint)
+              for item in items]
     start = time.perf_counter()
-    for request in requests:
-        engine.add(request)
-    finals, started, first_seconds = {}, set(), None
-    try:
-        while engine.has_unfinished():
-            for output in engine.step():
-                if output.token_ids:
-                    started.add(output.request_id)
-                if output.finished:
-                    finals[output.request_id] = output
-            if first_seconds is None and len(started) == len(requests):
-                first_seconds = time.perf_counter() - start
-    finally:
-        for request in requests:  # an interrupted run leaves nothing behind
-            if request.request_id not in finals:
-                engine.abort(request.request_id)
-    return [finals[r.request_id] for r in requests], time.perf_counter() - start, first_seconds
+    outputs = llm.generate([item.prompt_ids for item in items], params)
+    return outputs, time.perf_counter() - start, max(times.seconds)
 
 
 def measure(llm: LLM, items, max_tokens: int, timed: bool = False) -> tuple[list, dict]:

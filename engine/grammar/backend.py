@@ -97,9 +97,9 @@ class GrammarMatcher:
         such a draft is always rejected."""
         # Words read and written through a numpy view of the host tensor and raw row pointers:
         # torch's indexing and reductions cost ~20 us a row here, a third of the mask itself.
-        words = bitmask.numpy()
+        words, base = bitmask.numpy(), bitmask.data_ptr()
         consumed = 0
-        self._fill(bitmask, words, row)
+        self._fill(words, base, row)
         for token_id in draft_token_ids:
             # Checked against the row's mask first: consuming a refused token (a sampled draft
             # keeps one) would put the matcher in an error state that rollback does not undo.
@@ -107,15 +107,16 @@ class GrammarMatcher:
                 break
             self._matcher.consume_token(token_id)
             consumed += 1
-            self._fill(bitmask, words, row + consumed)  # a complete match: end-of-text only
+            self._fill(words, base, row + consumed)  # a complete match: end-of-text only
         if consumed:
             self._matcher.rollback(consumed)
 
-    def _fill(self, bitmask: torch.Tensor, words, row: int) -> None:
+    def _fill(self, words, base: int, row: int) -> None:
+        """Row `row` of the bitmask whose numpy view is `words` and whose data is at `base`."""
         row_bytes = words.shape[1] * 4
         stopped = self._matcher.is_stopped()
         if not stopped:
-            self._matcher.unsafe_compute_mask_ptr(bitmask.data_ptr() + row * row_bytes, row_bytes)
+            self._matcher.unsafe_compute_mask_ptr(base + row * row_bytes, row_bytes)
         if stopped or self._matcher.is_error() or not words[row].any():
             # A complete match ends the text; so does a grammar gone wrong (rather than leaving
             # nothing to pick).

@@ -148,9 +148,9 @@ def metadata_folder(path: Path, cache_root: Path) -> Path:
         return folder
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    kwargs = {"gguf_file": path.name}
     import gguf
 
+    kwargs = {"gguf_file": path.name}
     config = AutoConfig.from_pretrained(path.parent, **kwargs)
     if hasattr(config, "quantization_config"):
         del config.quantization_config

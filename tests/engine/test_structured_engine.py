@@ -115,7 +115,7 @@ def _sample(llm, params) -> list[tuple]:
 def _fill_bonus_row_only(self, bitmask, row, draft_token_ids):
     """A deliberately wrong verifier: the grammar masks the bonus position only."""
     self._matcher.consume_tokens(list(draft_token_ids))
-    self._fill(bitmask, bitmask.numpy(), row + len(draft_token_ids))
+    self._fill(bitmask.numpy(), bitmask.data_ptr(), row + len(draft_token_ids))
     self._matcher.rollback(len(draft_token_ids))
 
 
