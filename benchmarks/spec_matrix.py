@@ -42,7 +42,11 @@ METHODS = ("none", "ngram", "eagle", "eagle-head", "layer-skip", "draft")
 
 
 def method_options(method: str, draft_folder: Path | None) -> dict:
-    """Engine options of a benchmark method; eagle-head is eagle without its n-gram lookup."""
+    """Engine options of a benchmark method; eagle-head is eagle without its n-gram lookup.
+    `eagle@DIR` and `eagle-head@DIR` use the head in DIR instead of the shipped one."""
+    method, _, head = method.partition("@")
+    if head:
+        return {**method_options(method, draft_folder), "draft_head": head}
     if method == "eagle-head":
         return {"speculative_method": "eagle", "eagle_ngram_min": 0}
     if method == "draft":
@@ -174,7 +178,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--num-prompts", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--temperatures", default="0,0.7")
-    p.add_argument("--batch1-methods", default="none,ngram,eagle,eagle-head")
+    p.add_argument("--batch1-methods", default="none,ngram,eagle,eagle-head",
+                   help=f"of {', '.join(METHODS)}; eagle@DIR and eagle-head@DIR read the head "
+                        "in DIR (two heads side by side)")
     p.add_argument("--matrix-methods", default="none,ngram,eagle,layer-skip,draft")
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--matrix-max-tokens", type=int, default=32)
@@ -188,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
     kinds = args.workload.split(",")
     batch1_methods = args.batch1_methods.split(",")
     matrix_methods = args.matrix_methods.split(",") if args.matrix_methods else []
-    unknown = set(batch1_methods + matrix_methods) - set(METHODS)
+    unknown = {m.partition("@")[0] for m in batch1_methods + matrix_methods} - set(METHODS)
     if unknown:
         raise SystemExit(f"unknown method(s) {sorted(unknown)}; known: {', '.join(METHODS)}")
     folder, model_name = resolve_model_folder(args.model)

@@ -79,8 +79,6 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, kv_cache, self.device)
         self.static_runner = StaticStepRunner.for_engine(
             config, loaded.model, kv_cache, self.limits, self.device) if padded else None
-        if self.static_runner is not None:
-            self.static_runner.capture_graphs()
         self.block_manager = BlockManager(self.limits.num_kv_blocks, self.limits.block_size,
                                           config.cache.enable_prefix_caching, arch.max_window)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.limits.max_model_len)
@@ -91,6 +89,8 @@ class LLMEngine:
             self.speculation = Speculation(*build_speculation(config.speculative, self))
             if self.proposer.keeps_own_kv:  # its KV may lag the target's: keep every block
                 self.block_manager.window = None
+        if self.static_runner is not None:  # after speculation: a head may widen the outputs
+            self.static_runner.capture_graphs()
         self._states: dict[str, _RequestState] = {}
         self._stat_listeners: list = []
         self._recorder = StepRecorder(self.scheduler, self.block_manager)

@@ -52,6 +52,12 @@ def add_train_draft_parser(commands) -> None:
                    help="use only this many built-in prompts (quick runs)")
     p.add_argument("--disk-code-tokens", type=int, default=30_000,
                    help="tokens of standard-library Python source to add (default: %(default)s)")
+    p.add_argument("--work-dir", default=None,
+                   help="where the generated texts and training checkpoints are kept; run again "
+                        "with the same folder to resume (default: OUTPUT.work)")
+    p.add_argument("--last-layer-only", action="store_true",
+                   help="the head reads the target's last layer only (EAGLE), not a low, a "
+                        "middle and a high one (EAGLE-3, the default)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -196,7 +202,9 @@ def run_train_draft(args: argparse.Namespace) -> None:
 
     logging.basicConfig(level="WARNING")
     options = TrainOptions(max_minutes=args.max_minutes, max_prompts=args.max_prompts,
-                           disk_code_tokens=args.disk_code_tokens, seed=args.seed)
+                           disk_code_tokens=args.disk_code_tokens, seed=args.seed,
+                           eagle3=not args.last_layer_only,
+                           work_dir=Path(args.work_dir or f"{args.output.rstrip('/')}.work"))
     try:
         train_draft(args.model, Path(args.output), options, device=args.device,
                     log=lambda line: print(line, flush=True))

@@ -74,9 +74,10 @@ def default_llm():
 
 
 def make_random_head(model_folder, folder, draft_vocab_size: int, seed: int = 0,
-                     std: float = 0.02):
+                     std: float = 0.02, feature_layers: list[int] | None = None):
     """Saves an untrained EAGLE head for the model in `model_folder` (its first
-    `draft_vocab_size` token ids as the draft vocabulary) and returns the folder."""
+    `draft_vocab_size` token ids as the draft vocabulary; EAGLE-3 with `feature_layers`) and
+    returns the folder."""
     from dataclasses import asdict
     from pathlib import Path
 
@@ -86,10 +87,11 @@ def make_random_head(model_folder, folder, draft_vocab_size: int, seed: int = 0,
     from engine.spec_decode.eagle_head import EagleHead, EagleHeadConfig
 
     arch = LlamaArchitecture.from_hf_config(AutoConfig.from_pretrained(model_folder))
-    head = EagleHead(arch, draft_vocab_size)
+    head = EagleHead(arch, draft_vocab_size, feature_layers)
     head.init_weights(torch.Generator().manual_seed(seed), std=std)
     head.token_ids.copy_(torch.arange(draft_vocab_size))
-    head.save(Path(folder), EagleHeadConfig(asdict(arch), draft_vocab_size, "random"))
+    head.save(Path(folder), EagleHeadConfig(asdict(arch), draft_vocab_size, "random",
+                                            feature_layers=feature_layers))
     return folder
 
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.architecture import LlamaArchitecture
+from engine.quant.formats import quantize_q8_0
 from engine.quant.gguf_weight import GGUFWeight, PackedTensor
 from engine.quant.kernels import cpu_ops_for, cpu_ops_on
 
@@ -57,6 +58,17 @@ class Linear(nn.Module):
                                                           "none", [], "")
             return unbiased.t().index_select(0, ids)
         return F.embedding(ids, self.weight)
+
+    @torch.no_grad()
+    def quantize_to_q8_0(self) -> None:
+        """Replaces a float weight by its Q8_0 blocks on the integer kernels (a quarter of the
+        bytes to stream per call): for draft heads, whose drafts may differ from the float
+        ones'; verification keeps the output exact whatever they are."""
+        weight = self.weight.detach()
+        self.keep_in_blocks()
+        self.gguf.add(PackedTensor(quantize_q8_0(weight), 8, tuple(weight.shape)), 0)
+        self.gguf.use_integer_kernels()
+        self.packed_weight = None
 
     def keep_in_blocks(self) -> None:
         """Makes this layer's weight a GGUF one: no float32 storage is ever allocated for it."""

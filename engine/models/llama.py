@@ -36,6 +36,9 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(arch, i) for i in range(arch.num_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.lm_head = Linear(arch.hidden_size, arch.vocab_size)
+        # Layers whose outputs `hidden_states` returns beside the last one (an EAGLE-3 draft
+        # head reads them); set once, before the first step.
+        self.feature_layers: tuple[int, ...] = ()
         # Tables computed on CPU even under a meta-device context: torch's meta implementation of
         # arange imports sympy (~40 MB of resident memory) for nothing.
         self.build_rotary(torch.device("cpu"))
@@ -86,30 +89,46 @@ class LlamaForCausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """[num_rows, vocab] float32: final norm and LM head at the given rows only (Gemma 2's
         logits soft-capped)."""
-        logits = self.lm_head(self.norm(hidden[rows])).float()
+        logits = self.lm_head(self.norm(hidden[rows, :self.arch.hidden_size])).float()
         cap = self.arch.final_softcap
         return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
 
     @torch.inference_mode()
     def hidden_states(self, input_ids, positions, kv_caches, meta: AttentionMetadata,
                       layer_ids: Sequence[int] | None = None) -> torch.Tensor:
-        """[num_tokens, hidden] after the decoder layers (before the final norm); writes KV."""
+        """[num_tokens, hidden] after the decoder layers (before the final norm); writes KV.
+        With `feature_layers` (and every layer run): [num_tokens, hidden * (1 + n)], the last
+        layer's output followed by each feature layer's, in their order."""
         x = self.embed(input_ids)
+        order = list(range(self.arch.num_layers)) if layer_ids is None else list(layer_ids)
+        captured = []
+        # Runs of layers between captures: the outputs of a run's last layer are kept.
+        cuts = sorted(self.feature_layers) if layer_ids is None else []
+        runs = [order[start:end + 1] for start, end in
+                zip([0] + [c + 1 for c in cuts], cuts + [len(order) - 1]) if start <= end]
         stack = self._decoder_stack(cpu_ops_for(x), kv_caches) \
             if not meta.chunks and meta.batched is not None else None
-        if stack is not None:
-            group = meta.batched
-            stack.run(x, positions.contiguous(), kv_caches.storage, meta.slot_mapping,
-                      group.token_index, group.query_lens, group.context_lens,
-                      group.block_tables, [] if layer_ids is None else list(layer_ids))
+        rope = local_rope = None
+        if stack is None:
+            rope = self.rotary.at(positions, x.dtype)
+            local_rope = self.local_rotary.at(positions, x.dtype) if self.local_rotary else None
+        for run in runs:
+            if stack is not None:
+                group = meta.batched
+                stack.run(x, positions.contiguous(), kv_caches.storage, meta.slot_mapping,
+                          group.token_index, group.query_lens, group.context_lens,
+                          group.block_tables, run)
+            else:
+                for i in run:
+                    k_cache, v_cache = kv_caches[i]
+                    layer = self.layers[i]
+                    x = layer(x, local_rope if layer.local_rope else rope, k_cache, v_cache, meta)
+            if run[-1] in cuts:
+                captured.append(x.clone())
+        if not captured:
             return x
-        rope = self.rotary.at(positions, x.dtype)
-        local_rope = self.local_rotary.at(positions, x.dtype) if self.local_rotary else None
-        for i in range(self.arch.num_layers) if layer_ids is None else layer_ids:
-            k_cache, v_cache = kv_caches[i]
-            layer = self.layers[i]
-            x = layer(x, local_rope if layer.local_rope else rope, k_cache, v_cache, meta)
-        return x
+        by_layer = dict(zip(cuts, captured))
+        return torch.cat([x] + [by_layer[i] for i in self.feature_layers], dim=-1)
 
     def _decoder_stack(self, fused, kv_caches):
         """The compiled decoder stack (csrc/decoder_stack.cpp) holding every layer's weights, or

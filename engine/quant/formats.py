@@ -121,3 +121,18 @@ def dequantize(packed: torch.Tensor, ggml_type: int, in_features: int) -> torch.
         packed, ggml_type = int8.unpack(packed, ggml_type), int8.ORIGINAL[ggml_type]
     blocks = packed.reshape(-1, fmt.block_bytes)
     return _DEQUANTIZERS[ggml_type](blocks).reshape(packed.shape[0], in_features)
+
+
+def quantize_q8_0(weight: torch.Tensor) -> torch.Tensor:
+    """[rows, in_features] float -> [rows, row_bytes] Q8_0 blocks: per 32 weights a float16
+    scale d = max|w| / 127 and the weights as round(w / d) in int8: ggml's reference rule,
+    byte for byte."""
+    rows, in_features = weight.shape
+    blocks = weight.detach().float().cpu().reshape(-1, 32)
+    d = blocks.abs().amax(dim=1, keepdim=True) / 127
+    inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    scaled = blocks * inverse
+    whole = scaled.abs().floor()  # rounded half away from zero, as ggml's roundf
+    q = (scaled.sign() * (whole + (2 * (scaled.abs() - whole)).floor())).to(torch.int8)
+    packed = torch.cat([d.half().view(torch.uint8), q.view(torch.uint8)], dim=1)
+    return packed.reshape(rows, FORMATS[8].row_bytes(in_features)).to(weight.device)

@@ -67,7 +67,7 @@ class EagleProposer(Proposer):
         if not rows:
             return
         (index,) = copy_to_device([torch.tensor(rows, dtype=torch.long)], self.device)
-        features = self.target.norm(hidden.index_select(0, index))
+        features = self.head.target_features(hidden.index_select(0, index), self.target.norm)
         offset = 0
         for request, start, count in runs:
             _keep_features(request, start, features[offset:offset + count])

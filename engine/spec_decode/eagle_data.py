@@ -19,6 +19,7 @@ import torch
 from engine.attention.metadata import build_attention_metadata
 from engine.kv_cache import KVCache
 from engine.sampling_params import SamplingParams
+from engine.spec_decode.eagle_head import normalize_layers
 from engine.spec_decode import train_prompts
 
 WINDOW = 256  # training sequence length; source files are cut into pieces of this size
@@ -28,41 +29,82 @@ OVERLAP_NGRAM = 13  # the contamination n-gram length of GPT-3's and Llama's rep
 
 # ------------------------------------------------------------------------------ text
 def build_texts(llm, rng: random.Random, max_new_tokens: int, disk_code_tokens: int,
-                max_prompts: int | None, log) -> list[tuple[list[int], str]]:
-    """(token ids, text) of every training text: target generations, then source on disk.
-    `max_prompts` keeps only that many chat prompts (and a quarter as many code ones)."""
+                max_prompts: int | None, log, templates_per_topic: int = 3
+                ) -> list[tuple[list[int], str, int]]:
+    """(token ids, text, group) of every training text: the target's answers (greedy and
+    sampled; the greedy chat answers continued by a second user turn and the target's second
+    answer), then source on disk. Texts from one prompt share a group, so that held-out texts
+    can be kept apart by prompt. `max_prompts` keeps only that many chat prompts (and a quarter
+    as many code ones)."""
     tokenizer = llm.tokenizer
-    chat = train_prompts.chat_prompts(rng)
+    chat = train_prompts.chat_prompts(rng, templates_per_topic)
     code = train_prompts.code_prompts()
     if max_prompts is not None:
         chat, code = chat[:max_prompts], code[:max(1, max_prompts // 4)]
-    prompts, params = [], []
+    jobs = []  # (prompt ids, temperature, group)
     for n, message in enumerate(chat):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": message}],
-                                             add_generation_prompt=True, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        for temperature in ((0.0,) if n % 2 else (0.7,)):  # greedy and sampled answers
-            prompts.append(ids)
-            params.append(SamplingParams(max_tokens=max_new_tokens,
-                                         temperature=temperature, seed=rng.randrange(2**31)))
-    for text in code:
+        ids = _chat_ids(tokenizer, [{"role": "user", "content": message}])
+        jobs += [(ids, 0.0, n), (ids, 0.7, n)]
+    for n, text in enumerate(code):
         ids = tokenizer(text)["input_ids"]
-        for temperature in (0.0, 0.8):
-            prompts.append(ids)
-            params.append(SamplingParams(max_tokens=max_new_tokens,
-                                         temperature=temperature, seed=rng.randrange(2**31)))
+        jobs += [(ids, temperature, len(chat) + n) for temperature in (0.0, 0.8, 1.0)]
+    outputs = _generate(llm, jobs, max_new_tokens, rng, log)
+    texts = [(list(o.prompt_token_ids) + list(o.token_ids), o.text, group)
+             for o, (_, _, group) in zip(outputs, jobs)]
+    # Second turns: each greedy chat answer, a follow-up question, and the target's answer to it.
+    firsts = [i for i, (_, temperature, group) in enumerate(jobs)
+              if temperature == 0.0 and group < len(chat)]
+    follow_ups = []
+    for i in firsts:
+        conversation = [{"role": "user", "content": chat[jobs[i][2]]},
+                        {"role": "assistant", "content": outputs[i].text},
+                        {"role": "user", "content": rng.choice(train_prompts.FOLLOW_UPS)}]
+        follow_ups.append((_chat_ids(tokenizer, conversation), 0.0, jobs[i][2]))
+    for i, o in zip(firsts, _generate(llm, follow_ups, max_new_tokens, rng, log)):
+        texts[i] = (list(o.prompt_token_ids) + list(o.token_ids), o.text, jobs[i][2])
+    group = len(chat) + len(code)
+    for ids, text in disk_code(tokenizer, disk_code_tokens, rng):
+        texts.append((ids, text, group))
+        group += 1
+    return texts
+
+
+def cached_texts(work_dir: Path | None, log, build) -> list[tuple[list[int], str, int]]:
+    """`build()`'s texts, kept in work_dir/texts.json and read from there when it exists."""
+    path = work_dir / "texts.json" if work_dir is not None else None
+    if path is not None and path.is_file():
+        texts = [tuple(t) for t in json.loads(path.read_text())]
+        log(f"read {len(texts)} texts from {path}")
+        return texts
+    texts = build()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(texts))
+    return texts
+
+
+def _chat_ids(tokenizer, conversation: list[dict]) -> list[int]:
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
+                                         tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _generate(llm, jobs, max_new_tokens: int, rng: random.Random, log) -> list:
+    """The target's answers to (prompt ids, temperature, group) jobs, in order."""
+    if not jobs:
+        return []
+    prompts = [ids for ids, _, _ in jobs]
+    params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature,
+                             seed=rng.randrange(2**31)) for _, temperature, _ in jobs]
     log(f"generating {len(prompts)} answers with the target ...")
     started = time.time()
     outputs = []
     for start in range(0, len(prompts), 64):  # in slices, to show progress
         outputs += llm.generate(prompts[start:start + 64], params[start:start + 64])
-        done = len(outputs)
         generated = sum(len(o.token_ids) for o in outputs)
-        log(f"  {done}/{len(prompts)} answers, {generated} tokens, "
+        log(f"  {len(outputs)}/{len(prompts)} answers, {generated} tokens, "
             f"{generated / (time.time() - started):.0f} tok/s")
-    texts = [(list(o.prompt_token_ids) + list(o.token_ids), o.text) for o in outputs]
-    texts += disk_code(tokenizer, disk_code_tokens, rng)
-    return texts
+    return outputs
 
 
 def disk_code(tokenizer, num_tokens: int, rng: random.Random) -> list[tuple[list[int], str]]:
@@ -110,27 +152,38 @@ def _word_ngrams(text: str) -> set[tuple[str, ...]]:
 
 # -------------------------------------------------------------------------- features
 @torch.inference_mode()
-def teacher_force(target, token_lists: list[list[int]], device, log) -> list[dict]:
-    """Per text: tokens, the target's features f_t (float16) and its greedy next tokens."""
+def teacher_force(target, token_lists: list[list[int]], device, log,
+                  feature_layers: tuple[int, ...] = ()) -> list[dict]:
+    """Per text: tokens, the target's features f_t (float16), its greedy next tokens and, with
+    `feature_layers`, those layers' outputs, each RMS-normalized (float16)."""
     block_size = 16
     data, started, total = [], time.time(), 0
-    for n, tokens in enumerate(token_lists):
-        tokens = tokens[:target.arch.max_position_embeddings]
-        length = len(tokens)
-        num_blocks = -(-length // block_size)
-        cache = KVCache(target.arch, num_blocks, block_size, target.norm.weight.dtype, device)
-        meta = build_attention_metadata([length], [length], [list(range(num_blocks))],
-                                        block_size, device)
-        positions = torch.arange(length, device=device)
-        hidden = target.hidden_states(torch.tensor(tokens, device=device), positions, cache, meta)
-        features = target.norm(hidden)
-        greedy = target.lm_head(features).argmax(dim=-1)
-        data.append({"tokens": torch.tensor(tokens), "features": features.half().cpu(),
-                     "greedy": greedy.cpu()})
-        total += length
-        if (n + 1) % 100 == 0 or n + 1 == len(token_lists):
-            log(f"  features: {n + 1}/{len(token_lists)} texts, {total} tokens, "
-                f"{total / (time.time() - started):.0f} tok/s")
+    hidden_size = target.arch.hidden_size
+    target.feature_layers, kept = tuple(feature_layers), target.feature_layers
+    try:
+        for n, tokens in enumerate(token_lists):
+            tokens = tokens[:target.arch.max_position_embeddings]
+            length = len(tokens)
+            num_blocks = -(-length // block_size)
+            cache = KVCache(target.arch, num_blocks, block_size, target.norm.weight.dtype, device)
+            meta = build_attention_metadata([length], [length], [list(range(num_blocks))],
+                                            block_size, device)
+            positions = torch.arange(length, device=device)
+            hidden = target.hidden_states(torch.tensor(tokens, device=device), positions, cache,
+                                          meta)
+            features = target.norm(hidden[:, :hidden_size].contiguous())
+            greedy = target.lm_head(features).argmax(dim=-1)
+            item = {"tokens": torch.tensor(tokens), "features": features.half().cpu(),
+                    "greedy": greedy.cpu()}
+            if feature_layers:
+                item["layers"] = normalize_layers(hidden[:, hidden_size:], target.arch).half().cpu()
+            data.append(item)
+            total += length
+            if (n + 1) % 100 == 0 or n + 1 == len(token_lists):
+                log(f"  features: {n + 1}/{len(token_lists)} texts, {total} tokens, "
+                    f"{total / (time.time() - started):.0f} tok/s")
+    finally:
+        target.feature_layers = kept
     return data
 
 

@@ -1,7 +1,10 @@
 """An EAGLE-style draft head: one decoder layer that predicts the target's next feature.
 
 The target's feature at position t is its final hidden state after the final norm (what its LM
-head reads), f_t. The head reads f_t fused with the embedding of token t+1 and predicts f_{t+1}:
+head reads), f_t; or, for a head trained with `feature_layers` (EAGLE-3), a projection of the
+outputs of a low, a middle and a high layer, each RMS-normalized: f_t = reduce([l_t ; m_t ; h_t]),
+a [3H -> H] projection. The head reads f_t fused with the embedding of token t+1 and predicts the
+target's next final feature:
 
     x = fuse([f_t ; embed(x_{t+1})])        a [2H -> H] projection
     y = decoder_layer(x)                    the target's layer architecture, the head's weights
@@ -20,6 +23,7 @@ inference path uses fused CPU kernels that have no gradients); a test holds the 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -43,20 +47,28 @@ class EagleHeadConfig:
     draft_vocab_size: int
     target_name: str = ""
     training: dict | None = None  # data, steps, held-out acceptance: for the reader
+    feature_layers: list[int] | None = None  # EAGLE-3: the target layers read; None: the last
 
     def arch(self) -> LlamaArchitecture:
         return LlamaArchitecture(**self.target_arch)
 
 
 class EagleHead(nn.Module):
-    def __init__(self, target_arch: LlamaArchitecture, draft_vocab_size: int):
+    def __init__(self, target_arch: LlamaArchitecture, draft_vocab_size: int,
+                 feature_layers: Sequence[int] | None = None):
         super().__init__()
         self.target_arch = target_arch
+        self.feature_layers = tuple(feature_layers or ())
+        if any(not 0 <= i < target_arch.num_layers for i in self.feature_layers):
+            raise ValueError(f"feature layers {list(self.feature_layers)} outside the target's "
+                             f"{target_arch.num_layers} layers")
         # One dense layer, attending to every earlier position whatever the target's windows
         # and experts are.
         self.arch = replace(target_arch, num_layers=1, layer_windows=(), sparse_layers=())
         hidden = target_arch.hidden_size
         self.fuse = Linear(2 * hidden, hidden)
+        self.reduce = Linear(len(self.feature_layers) * hidden, hidden) \
+            if self.feature_layers else None
         self.layer = DecoderLayer(self.arch)
         self.norm = RMSNorm(hidden, target_arch.rms_norm_eps)
         # Target vocabulary id of each draft-vocabulary row, and those rows of the target's LM
@@ -93,6 +105,16 @@ class EagleHead(nn.Module):
         self.lm_head.packed_weight = None
 
     # ----------------------------------------------------------------- inference
+    @torch.inference_mode()
+    def target_features(self, hidden: torch.Tensor, final_norm: RMSNorm) -> torch.Tensor:
+        """[n, H] f_t from rows of the target's `hidden_states` (the last layer's output, then
+        the feature layers' when the target was asked for them)."""
+        size = self.target_arch.hidden_size
+        if self.reduce is None:
+            return final_norm(hidden[:, :size].contiguous())
+        features = normalize_layers(hidden[:, size:], self.target_arch).to(self.reduce.weight.dtype)
+        return self.reduce(features.contiguous())
+
     @torch.inference_mode()
     def forward(self, features: torch.Tensor,  # [n, H] f_t (the target's or the head's own)
                 next_embeds: torch.Tensor,  # [n, H] embedding of token t+1
@@ -157,8 +179,8 @@ class EagleHead(nn.Module):
 def load_head(folder: Path, target, device: torch.device, dtype: torch.dtype,
               for_training: bool = False) -> EagleHead:
     """Loads a head saved by `EagleHead.save` for `target`; raises ValueError on a mismatch.
-    Repacked for the CPU's fast kernels unless `for_training` (train_forward reads the plain
-    weights)."""
+    Repacked for the CPU's fast kernels (Q8_0 where the target runs integer ones) unless
+    `for_training` (train_forward reads the plain weights)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -170,7 +192,7 @@ def load_head(folder: Path, target, device: torch.device, dtype: torch.dtype,
         raise ValueError(f"the draft head in {folder} was trained for another model "
                          f"({config.target_name or 'unnamed'}: hidden size "
                          f"{config.arch().hidden_size}, vocabulary {config.arch().vocab_size})")
-    head = EagleHead(target.arch, config.draft_vocab_size)
+    head = EagleHead(target.arch, config.draft_vocab_size, config.feature_layers)
     tensors = load_file(str(folder / WEIGHTS_FILE))
     with torch.no_grad():
         for name, param in head.trained_parameters().items():
@@ -179,11 +201,31 @@ def load_head(folder: Path, target, device: torch.device, dtype: torch.dtype,
     head = head.to(device=device, dtype=dtype).eval()
     head.attach_lm_head(target)
     if not for_training:
+        # Beside a target on the integer kernels (llama.cpp's arithmetic), the head's weights go
+        # to Q8_0 on them too: a draft step streams ~9 MB instead of ~36 MB of float32.
+        integer = any(name.endswith("x16") for name in target.gguf_format_names())
         for module in head.modules():
             if isinstance(module, Linear):
-                module.pack_for_cpu()
+                if integer:
+                    module.quantize_to_q8_0()
+                else:
+                    module.pack_for_cpu()
     head.config = config
     return head
+
+
+def normalize_layers(outputs: torch.Tensor, arch: LlamaArchitecture) -> torch.Tensor:
+    """[..., k * H] feature layers' outputs, each RMS-normalized (no weight) in float32: their
+    scales differ by orders of magnitude, and training data keeps them in float16."""
+    hidden = arch.hidden_size
+    split = outputs.float().unflatten(-1, (-1, hidden))
+    return F.rms_norm(split, (hidden,), eps=arch.rms_norm_eps).flatten(-2)
+
+
+def default_feature_layers(arch: LlamaArchitecture) -> list[int]:
+    """A low, a middle and a high layer, as EAGLE-3 reads them."""
+    n = arch.num_layers
+    return sorted({min(2, n - 1), n // 2, max(n - 3, 0)})
 
 
 def _shape(arch: LlamaArchitecture) -> tuple:

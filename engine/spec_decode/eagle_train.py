@@ -6,13 +6,17 @@
    measurement sets, are checked for n-gram overlap and the result is reported.
 2. Features. Each text is teacher-forced through the target once; its normalized final hidden
    states f_t (what its LM head reads) are kept, with the target's greedy next token.
+   With EAGLE-3 features (the default) the outputs of a low, a middle and a high layer are kept
+   too (each RMS-normalized): the head reads their projection instead of the last layer's.
 3. Draft vocabulary: the N tokens the target predicts most often, N the smallest size covering
    `vocab_coverage` of its greedy predictions on the training text.
-4. Training. The head reads (f_t, embed(x_{t+1})) and predicts f_{t+1}: loss = smooth-L1 on the
-   feature + 0.1 x cross-entropy between the target's and the head's draft-vocabulary
-   distributions (EAGLE's loss). A second unrolled pass feeds the head its own predictions, as
-   drafting does after the first token. Held-out acceptance (the head's argmax equals the
-   target's greedy token) is printed as it trains.
+4. Training. The head reads (f_t, embed(x_{t+1})) and predicts f_{t+1}: loss = cross-entropy
+   between the target's and the head's draft-vocabulary distributions + `regression_weight` x
+   smooth-L1 on the feature (EAGLE's loss weighs them 0.1 : 1; EAGLE-3 drops the feature term).
+   Training-time test: `unroll` passes, each after the first feeding the head its own
+   predictions, as drafting does after the first token. Held-out acceptance (the head's argmax
+   equals the target's greedy token), on texts of prompts never trained on, is printed as it
+   trains.
 """
 
 from __future__ import annotations
@@ -32,28 +36,36 @@ from engine.spec_decode.eagle_data import (
     OVERLAP_NGRAM,
     WINDOW,
     build_texts,
+    cached_texts,
     choose_draft_vocab,
     measurement_overlap,
     teacher_force,
 )
-from engine.spec_decode.eagle_head import EagleHead, EagleHeadConfig
+from engine.spec_decode.eagle_head import EagleHead, EagleHeadConfig, default_feature_layers
 
 logger = logging.getLogger(__name__)
+CHECKPOINT = "checkpoint.pt"
 
 
 
 @dataclass
 class TrainOptions:
     max_minutes: float = 35.0  # training time, after the data is built
-    max_new_tokens: int = 160
+    max_new_tokens: int = 256
+    templates_per_topic: int = 6  # chat prompts per topic (train_prompts.py)
+    eagle3: bool = True  # read a low, a middle and a high layer (EAGLE-3), not only the last
+    regression_weight: float = 0.1
     disk_code_tokens: int = 30_000  # Python source from the standard library
     vocab_coverage: float = 0.985
     batch_windows: int = 8
     learning_rate: float = 1e-3
-    unroll: int = 2  # passes per window: 1 = teacher-forced only
+    unroll: int = 3  # passes per window: 1 = teacher-forced only
     seed: int = 0
     held_out: float = 0.05
     max_prompts: int | None = None  # for smoke tests
+    # Where the generated texts and a training checkpoint (every 50 steps) are kept: a run
+    # given the same folder again reuses the texts and goes on from the checkpoint.
+    work_dir: Path | None = None
 
 
 def train_draft(model: str | None, output: Path, options: TrainOptions, device: str | None = None,
@@ -67,19 +79,26 @@ def train_draft(model: str | None, output: Path, options: TrainOptions, device: 
     llm = LLM(model, speculative_method="none", device=device, max_num_seqs=32)
     engine = llm.engine
     target, tokenizer = engine.runner.model, engine.tokenizer
-    texts = build_texts(llm, rng, options.max_new_tokens, options.disk_code_tokens,
-                        options.max_prompts, log)
-    overlap = measurement_overlap(tokenizer, [t for _, t in texts])
+    texts = cached_texts(options.work_dir, log, lambda: build_texts(
+        llm, rng, options.max_new_tokens, options.disk_code_tokens, options.max_prompts, log,
+        options.templates_per_topic))
+    overlap = measurement_overlap(tokenizer, [t for _, t, _ in texts])
     log(f"overlap with HumanEval/MT-Bench: {overlap['shared_ngrams']} shared "
         f"{OVERLAP_NGRAM}-grams of {overlap['benchmark_ngrams']}")
-    rng.shuffle(texts)
-    num_held = max(1, int(len(texts) * options.held_out))
-    data = teacher_force(target, [ids for ids, _ in texts], engine.device, log)
+    # Held out: every text of a few prompts, so that no answer to a held-out prompt is trained on.
+    groups = sorted({group for _, _, group in texts})
+    random.Random(options.seed).shuffle(groups)
+    held_groups = set(groups[:max(1, int(len(groups) * options.held_out))])
+    texts.sort(key=lambda t: t[2] not in held_groups)  # held-out texts first
+    num_held = sum(t[2] in held_groups for t in texts)
+    feature_layers = default_feature_layers(target.arch) if options.eagle3 else []
+    data = teacher_force(target, [ids for ids, _, _ in texts], engine.device, log,
+                         tuple(feature_layers))
     vocab, coverage = choose_draft_vocab(data[num_held:], target.arch.vocab_size,
                                          options.vocab_coverage)
     log(f"draft vocabulary: {len(vocab)} tokens cover {100 * coverage[len(vocab)]:.1f}% of the "
         f"target's greedy predictions ({', '.join(f'{n}: {100 * c:.1f}%' for n, c in coverage.items())})")
-    head = EagleHead(target.arch, len(vocab)).to(engine.device)
+    head = EagleHead(target.arch, len(vocab), feature_layers).to(engine.device)
     head.init_weights(torch.Generator(device=engine.device).manual_seed(options.seed))
     head.token_ids.copy_(vocab)
     head.attach_lm_head(target)
@@ -88,9 +107,10 @@ def train_draft(model: str | None, output: Path, options: TrainOptions, device: 
         "texts": len(texts), "tokens": sum(len(d["tokens"]) for d in data),
         "held_out_texts": num_held, "draft_vocab_coverage": coverage,
         "overlap": overlap, "minutes": round((time.time() - started) / 60, 1),
-        "options": asdict(options), **history,
+        "options": {k: v for k, v in asdict(options).items() if k != "work_dir"}, **history,
     }
-    config = EagleHeadConfig(asdict(target.arch), len(vocab), engine.model_name, summary)
+    config = EagleHeadConfig(asdict(target.arch), len(vocab), engine.model_name, summary,
+                             feature_layers or None)
     head.save(Path(output), config)
     log(f"wrote {output} ({summary['minutes']} min in all)")
     return summary
@@ -109,17 +129,22 @@ def _windows(data: list[dict]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _batch(data, windows, target, draft_index, device):
-    """Inputs and targets of a batch, padded to the longest window (padding masked out)."""
+def _batch(data, windows, target, draft_index, device, use_layers: bool):
+    """Inputs and targets of a batch, padded to the longest window (padding masked out). Inputs:
+    the feature layers' outputs with `use_layers`, else the final features."""
     longest = max(length for _, _, length in windows)
     hidden = target.arch.hidden_size
-    features = torch.zeros(len(windows), longest + 1, hidden)
+    width = data[windows[0][0]]["layers"].shape[-1] if use_layers else hidden
+    inputs = torch.zeros(len(windows), longest, width)
+    wanted = torch.zeros(len(windows), longest, hidden)
     next_ids = torch.zeros(len(windows), longest, dtype=torch.long)
     greedy = torch.full((len(windows), longest), -1, dtype=torch.long)
     mask = torch.zeros(len(windows), longest, dtype=torch.bool)
     for row, (index, start, length) in enumerate(windows):
         d = data[index]
-        features[row, :length + 1] = d["features"][start:start + length + 1].float()
+        source = d["layers"] if use_layers else d["features"]
+        inputs[row, :length] = source[start:start + length].float()
+        wanted[row, :length] = d["features"][start + 1:start + length + 1].float()
         next_ids[row, :length] = d["tokens"][start + 1:start + length + 1]
         greedy[row, :length] = draft_index[d["greedy"][start + 1:start + length + 1]]
         mask[row, :length] = True
@@ -127,14 +152,16 @@ def _batch(data, windows, target, draft_index, device):
         embeds = target.embed(next_ids.to(device).flatten()).float().view(len(windows), longest,
                                                                           hidden)
     # inference tensors cannot be saved for backward: clone into normal ones
-    return (features[:, :-1].to(device), embeds.clone(), features[:, 1:].to(device),
-            greedy.to(device), mask.to(device))
+    return (inputs.to(device), embeds.clone(), wanted.to(device), greedy.to(device),
+            mask.to(device))
 
 
-def _losses(head, inputs, embeds, wanted, mask, unroll: int):
-    """Per pass: (loss, predictions). Pass 2 reads pass 1's predictions as its features."""
+def _losses(head, inputs, embeds, wanted, mask, unroll: int, regression_weight: float):
+    """Per pass: (loss, predictions). Each pass after the first reads the one before's
+    predictions as its features (training-time test)."""
     passes = []
-    features = inputs
+    first = inputs if head.reduce is None else head.reduce(inputs)
+    features = first
     for _ in range(unroll):
         predicted = head.train_forward(features, embeds)
         regression = F.smooth_l1_loss(predicted, wanted, reduction="none").mean(-1)
@@ -142,16 +169,17 @@ def _losses(head, inputs, embeds, wanted, mask, unroll: int):
             target_logp = F.log_softmax(head.train_logits(wanted).float(), dim=-1)
         head_logp = F.log_softmax(head.train_logits(predicted).float(), dim=-1)
         classification = -(target_logp.exp() * head_logp).sum(-1)
-        per_position = regression + 0.1 * classification
+        per_position = classification + regression_weight * regression
         loss = (per_position * mask).sum() / mask.sum()
         passes.append((loss, head_logp.detach()))
         # The next pass: position t reads the head's prediction of f_t (made at t - 1).
-        features = torch.cat([inputs[:, :1], predicted[:, :-1]], dim=1)
+        features = torch.cat([first[:, :1], predicted[:, :-1]], dim=1)
     return passes
 
 
 def train(head: EagleHead, target, train_data, held_data, options: TrainOptions, log) -> dict:
     device = head.fuse.weight.device
+    use_layers = head.reduce is not None
     draft_index = torch.full((target.arch.vocab_size,), -1, dtype=torch.long)
     draft_index[head.token_ids.cpu()] = torch.arange(head.draft_vocab_size)
     windows = _windows(train_data)
@@ -160,22 +188,34 @@ def train(head: EagleHead, target, train_data, held_data, options: TrainOptions,
     optimizer = torch.optim.AdamW(params, lr=options.learning_rate, weight_decay=0.0,
                                   betas=(0.9, 0.95))
     rng = random.Random(options.seed)
-    deadline = time.time() + 60 * options.max_minutes
     tokens_per_epoch = sum(w[2] for w in windows)
     log(f"training on {len(windows)} windows ({tokens_per_epoch} positions), "
         f"{len(held_windows)} held out, for {options.max_minutes:g} min")
-    step, seen, started, evaluations = 0, 0, time.time(), []
-    order: list = []
-    estimated_steps = None
+    step, seen, evaluations, order, estimated_steps, seconds = 0, 0, [], [], None, 0.0
+    checkpoint = options.work_dir / CHECKPOINT if options.work_dir else None
+    if checkpoint is not None and checkpoint.is_file():
+        saved = torch.load(checkpoint, weights_only=False)
+        with torch.no_grad():
+            for name, param in head.trained_parameters().items():
+                param.copy_(saved["head"][name])
+        optimizer.load_state_dict(saved["optimizer"])
+        rng.setstate(saved["rng"])
+        step, seen, evaluations, order, estimated_steps, seconds = (
+            saved[k] for k in ("step", "seen", "evaluations", "order", "estimated_steps",
+                               "seconds"))
+        log(f"resuming from {checkpoint}: step {step}, {seconds / 60:.1f} min trained")
+    started = time.time() - seconds  # as if the earlier runs' training had just happened
+    deadline = started + 60 * options.max_minutes
     while time.time() < deadline:
         if not order:
             order = windows[:]
             rng.shuffle(order)
         batch_windows, order = order[:options.batch_windows], order[options.batch_windows:]
         inputs, embeds, wanted, greedy, mask = _batch(train_data, batch_windows, target,
-                                                      draft_index, device)
+                                                      draft_index, device, use_layers)
         inputs = inputs + (torch.rand_like(inputs) - 0.5) * 0.2  # EAGLE's feature noise
-        passes = _losses(head, inputs, embeds, wanted, mask, options.unroll)
+        passes = _losses(head, inputs, embeds, wanted, mask, options.unroll,
+                         options.regression_weight)
         loss = sum(p[0] for p in passes) / len(passes)
         # Cosine decay over the steps the time budget allows (estimated after 20 steps).
         if step == 20:
@@ -197,9 +237,16 @@ def train(head: EagleHead, target, train_data, held_data, options: TrainOptions,
             evaluations.append({"step": step, "positions": seen, "loss": round(loss.item(), 4),
                                 **acceptance})
             log(f"  step {step}: loss {loss.item():.3f}, {seen / (time.time() - started):.0f} "
-                f"positions/s, held-out acceptance {acceptance['held_out_acceptance']:.3f} "
-                f"(unrolled {acceptance['held_out_acceptance_unrolled']:.3f})")
+                f"positions/s, held-out acceptance by draft "
+                f"{acceptance['held_out_acceptance_by_draft']}")
             sys.stdout.flush()
+            if checkpoint is not None:
+                torch.save({"head": {n: p.detach().cpu() for n, p in
+                                     head.trained_parameters().items()},
+                            "optimizer": optimizer.state_dict(), "rng": rng.getstate(),
+                            "step": step, "seen": seen, "evaluations": evaluations,
+                            "order": order, "estimated_steps": estimated_steps,
+                            "seconds": time.time() - started}, checkpoint)
     last = evaluations[-1] if evaluations else evaluate(head, target, held_data, held_windows,
                                                         draft_index, options)
     return {"steps": step, "positions_seen": seen, "epochs": round(seen / max(tokens_per_epoch, 1), 2),
@@ -211,15 +258,18 @@ def train(head: EagleHead, target, train_data, held_data, options: TrainOptions,
 @torch.no_grad()
 def evaluate(head, target, data, windows, draft_index, options) -> dict:
     """Share of held-out positions where the head's argmax is the target's greedy token: with
-    the target's features (the first draft) and with its own (the drafts after it)."""
-    hits = [0, 0]
+    the target's features (the first draft) and with its own (each draft after it)."""
+    passes = max(2, options.unroll)
+    hits = [0] * passes
     total = 0
     for start in range(0, len(windows), 16):
         inputs, embeds, wanted, greedy, mask = _batch(data, windows[start:start + 16], target,
-                                                      draft_index, head.fuse.weight.device)
-        passes = _losses(head, inputs, embeds, wanted, mask, 2)
-        for n, (_, logp) in enumerate(passes):
+                                                      draft_index, head.fuse.weight.device,
+                                                      head.reduce is not None)
+        results = _losses(head, inputs, embeds, wanted, mask, passes, options.regression_weight)
+        for n, (_, logp) in enumerate(results):
             hits[n] += int(((logp.argmax(-1) == greedy) & mask).sum())
         total += int(mask.sum())
-    return {"held_out_acceptance": round(hits[0] / max(total, 1), 4),
-            "held_out_acceptance_unrolled": round(hits[1] / max(total, 1), 4)}
+    by_draft = [round(h / max(total, 1), 4) for h in hits]
+    return {"held_out_acceptance": by_draft[0], "held_out_acceptance_unrolled": by_draft[1],
+            "held_out_acceptance_by_draft": by_draft}

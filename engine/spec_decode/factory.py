@@ -59,6 +59,7 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
         ngram = (max(spec.ngram_max, spec.eagle_ngram_min), spec.eagle_ngram_min) \
             if spec.eagle_ngram_min else None
         prior = (head.config.training or {}).get("held_out_acceptance", prior)
+        model.feature_layers = head.feature_layers  # an EAGLE-3 head reads these layers too
         proposer = EagleProposer(head, model, kv_cache, engine.limits.block_size, engine.device,
                                  shared_generator=engine.generator, ngram=ngram, head_prior=prior)
         draft_cost = ModelDraftCost(measure_head_step(head, model, kv_cache,

@@ -116,9 +116,10 @@ _FUNCTIONS = [
 ]
 
 
-def chat_prompts(rng: random.Random) -> list[str]:
+def chat_prompts(rng: random.Random, templates_per_topic: int = 3) -> list[str]:
     """User messages: explanations, advice, small sums, code questions."""
-    prompts = [t.format(topic=topic) for topic in _TOPICS for t in rng.sample(_CHAT_TEMPLATES, 3)]
+    prompts = [t.format(topic=topic) for topic in _TOPICS
+               for t in rng.sample(_CHAT_TEMPLATES, templates_per_topic)]
     prompts += _ADVICE
     for template in _MATH:
         for _ in range(3):
@@ -133,3 +134,14 @@ def code_prompts() -> list[str]:
     """Raw completion prompts: a typed signature and a docstring, the body left to the model."""
     return [f'def {name}({args}) -> {returns}:\n    """{doc}\n    """\n'
             for name, args, returns, doc in _FUNCTIONS]
+
+
+# Second user turns, asked after the target's first answer: multi-turn text to train on.
+FOLLOW_UPS = [
+    "Can you give a concrete example?",
+    "Explain that more simply, please.",
+    "Summarize your answer in three short bullet points.",
+    "What is a common mistake people make with this?",
+    "Can you say more about the most important point?",
+    "How would you explain this to a beginner?",
+]

@@ -23,3 +23,13 @@ def test_spec_matrix_report(tiny_chat_model_folder, tmp_path, capsys):
     cell = report["matrix"]["copy"]["2"]["ngram"]
     assert cell["same_tokens_as_none"] is True and cell["ratio_vs_none"] > 0
     assert "[matrix copy c=2]" in capsys.readouterr().err
+
+
+def test_a_method_may_name_its_draft_head(tmp_path):
+    """`eagle-head@DIR` is eagle-head with the head in DIR; plain names keep the shipped one."""
+    assert spec_matrix.method_options("eagle-head", None) == {
+        "speculative_method": "eagle", "eagle_ngram_min": 0}
+    assert spec_matrix.method_options(f"eagle-head@{tmp_path}", None) == {
+        "speculative_method": "eagle", "eagle_ngram_min": 0, "draft_head": str(tmp_path)}
+    assert spec_matrix.method_options(f"eagle@{tmp_path}", None) == {
+        "speculative_method": "eagle", "draft_head": str(tmp_path)}

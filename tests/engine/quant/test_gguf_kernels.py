@@ -165,3 +165,20 @@ def test_single_format_weight_keeps_leading_dimensions(weight_path):
     out = weight.matmul(x)
     assert out.shape == (2, 3, 30)
     assert relative_error(out, expected) <= 1e-5
+
+
+def test_q8_0_quantization_is_ggmls_byte_for_byte():
+    """Float weights to Q8_0 (draft heads beside an integer-kernel target): the same bytes as
+    the gguf package's port of ggml's reference quantizer, zero blocks and ties included."""
+    weight = torch.randn(32, 256, generator=torch.Generator().manual_seed(0)) * 0.05
+    weight[3, :32] = 0.0  # a zero block: scale 0, every value 0
+    # max |w| = 127 makes d = 1, so w / d = k + 0.5 are exact ties: rounded away from zero
+    weight[4, :32] = torch.cat([torch.tensor([127.0]), torch.arange(31) - 15 + 0.5])
+    ours = formats.quantize_q8_0(weight)
+    theirs = gguf.quants.quantize(weight.numpy(), gguf.GGMLQuantizationType.Q8_0)
+    assert ours.shape == (32, FORMATS[8].row_bytes(256))
+    assert np.array_equal(ours.numpy(), theirs)
+    assert ours[4, 3:34].view(torch.int8).tolist() == [
+        int(np.sign(v) * np.floor(abs(v) + 0.5)) for v in (np.arange(31) - 15 + 0.5)]
+    # The control: rounding half to even (torch.round) gives other bytes on the tie block.
+    assert not torch.equal(weight[4, 1:32].round().to(torch.int8), ours[4, 3:34].view(torch.int8))

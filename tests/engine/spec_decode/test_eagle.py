@@ -15,7 +15,7 @@ from engine.kv_cache import KVCache
 from engine.models.loader import load_model
 from engine.request import Request
 from engine.spec_decode.eagle import _keep_features
-from engine.spec_decode.eagle_head import CONFIG_FILE, WEIGHTS_FILE, load_head
+from engine.spec_decode.eagle_head import CONFIG_FILE, WEIGHTS_FILE, load_head, normalize_layers
 from engine.spec_decode.eagle_train import TrainOptions, train_draft
 from tests.conftest import make_llm, make_random_head, make_tiny_model
 
@@ -52,6 +52,71 @@ def test_training_forward_equals_the_paged_serving_forward(tiny_chat_model_folde
     # The logits too: the served head packs its LM head rows, training reads them plain.
     torch.testing.assert_close(served.draft_logits(dense[:3]), head.train_logits(dense[:3]),
                                atol=1e-4, rtol=1e-4)
+
+
+def _two_steps(target, ids, layer_ids=None, feature_layers=()):
+    """hidden_states of a prefill of ids[:-1] and then a decode step of ids[-1], on a fresh
+    cache: the two code paths (chunked prefill, the batched decode step)."""
+    cpu = torch.device("cpu")
+    target.feature_layers = tuple(feature_layers)
+    try:
+        cache = KVCache(target.arch, 2, 16, torch.float32, cpu)
+        n = len(ids) - 1
+        meta = build_attention_metadata([n], [n], [[0, 1]], 16, cpu)
+        first = target.hidden_states(torch.tensor(ids[:-1]), torch.arange(n), cache, meta,
+                                     layer_ids)
+        meta = build_attention_metadata([1], [n + 1], [[0, 1]], 16, cpu)
+        second = target.hidden_states(torch.tensor(ids[-1:]), torch.tensor([n]), cache, meta,
+                                      layer_ids)
+        return torch.cat([first, second])
+    finally:
+        target.feature_layers = ()
+
+
+def test_feature_layers_come_back_beside_the_last_layers_output(tiny_target):
+    """With feature layers (EAGLE-3) the target returns its last layer's output unchanged, then
+    each feature layer's output: what running the layers up to it gives, in its order."""
+    ids = [5, 17, 300, 42, 9, 1000, 77, 3, 12]
+    size = tiny_target.arch.hidden_size
+    assert tiny_target.arch.num_layers >= 3
+    plain = _two_steps(tiny_target, ids)
+    wide = _two_steps(tiny_target, ids, feature_layers=(1, 0))
+    assert wide.shape == (len(ids), 3 * size)
+    torch.testing.assert_close(wide[:, :size], plain, rtol=0, atol=0)
+    torch.testing.assert_close(wide[:, size:2 * size], _two_steps(tiny_target, ids, [0, 1]),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(wide[:, 2 * size:], _two_steps(tiny_target, ids, [0]),
+                               rtol=0, atol=0)
+    assert not torch.allclose(wide[:, size:2 * size], plain)  # the control: another layer
+    # The LM head reads the last layer's output only.
+    rows = torch.arange(len(ids))
+    tiny_target.feature_layers = (1, 0)
+    try:
+        torch.testing.assert_close(tiny_target.logits(wide, rows), tiny_target.logits(plain, rows))
+    finally:
+        tiny_target.feature_layers = ()
+
+
+def test_an_eagle3_head_serves_the_features_it_was_trained_on(tiny_chat_model_folder,
+                                                             tiny_target, tmp_path):
+    """The served head projects the feature layers' rows as training does (from the float16
+    normalized layers training stores), and the first draft step's result agrees."""
+    folder = make_random_head(tiny_chat_model_folder, tmp_path / "head", 64, std=0.3,
+                              feature_layers=[0, 1])
+    trained = load_head(folder, tiny_target, torch.device("cpu"), torch.float32, for_training=True)
+    served = load_head(folder, tiny_target, torch.device("cpu"), torch.float32)
+    assert served.feature_layers == (0, 1) and served.reduce is not None
+    wide = _two_steps(tiny_target, [5, 17, 300, 42, 9], feature_layers=(0, 1))
+    size = tiny_target.arch.hidden_size
+    stored = normalize_layers(wide[:, size:], tiny_target.arch).half().float()
+    with torch.no_grad():
+        expected = trained.reduce(stored)
+    torch.testing.assert_close(served.target_features(wide, tiny_target.norm), expected,
+                               atol=2e-3, rtol=2e-3)
+    with torch.no_grad():
+        last_only = trained.reduce(normalize_layers(torch.cat([wide[:, :size]] * 2, -1),
+                                                    tiny_target.arch))
+    assert not torch.allclose(last_only, expected, atol=1e-2)  # the control: other layers
 
 
 def test_waiting_features_are_replaced_from_a_recomputed_position():
@@ -95,9 +160,17 @@ def test_train_draft_smoke_on_a_tiny_model(tmp_path_factory, default_model_folde
                     eos_token_id=2, bos_token_id=1, num_hidden_layers=2)
     output = tmp_path_factory.mktemp("trained") / "head"
     lines = []
+    work = tmp_path_factory.mktemp("work")
     options = TrainOptions(max_minutes=0.05, max_new_tokens=12, max_prompts=4,
-                           disk_code_tokens=300, batch_windows=2)
+                           disk_code_tokens=300, batch_windows=2, work_dir=work)
+    first = train_draft(str(model), output, options, device="cpu", log=lines.append)
+    # Run again with the same work folder and a longer budget: it resumes, it does not restart.
+    lines.clear()
+    options.max_minutes = 0.1
     summary = train_draft(str(model), output, options, device="cpu", log=lines.append)
+    assert any(line.startswith("read ") and "texts.json" in line for line in lines)
+    assert any(line.startswith(f"resuming from {work}") for line in lines)
+    assert summary["steps"] > first["steps"] and summary["tokens"] == first["tokens"]
     assert (output / WEIGHTS_FILE).is_file() and (output / CONFIG_FILE).is_file()
     assert summary["steps"] >= 1 and summary["tokens"] > 100
     assert 0.0 <= summary["held_out_acceptance"] <= 1.0
@@ -111,3 +184,19 @@ def test_train_draft_smoke_on_a_tiny_model(tmp_path_factory, default_model_folde
                      adaptive=False, num_speculative_tokens=3).generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in eagle] == [o.token_ids for o in plain]
     assert sum(o.spec_stats.num_draft_tokens for o in eagle) > 0
+
+
+def test_beside_an_integer_target_the_head_runs_q8_0_blocks():
+    """The shipped head's projections become Q8_0 on the integer kernels where the target runs
+    them (--quantization gguf), and stay float32 beside gguf-exact (the control)."""
+    from engine.models.layers import Linear
+    from engine.spec_decode.factory import shipped_head
+
+    folder = shipped_head("SmolLM2-135M-Instruct")
+    for quantization, formats in (("gguf", {"Q8_0x16"}), ("gguf-exact", set())):
+        target = load_model(None, torch.device("cpu"), torch.float32,
+                            quantization=quantization).model
+        head = load_head(folder, target, torch.device("cpu"), torch.float32)
+        linears = [m for m in head.modules() if isinstance(m, Linear)]
+        assert {f for m in linears if m.gguf for f in m.gguf.format_names} == formats
+        assert all((m.gguf is not None) == bool(formats) for m in linears)
