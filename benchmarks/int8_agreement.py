@@ -21,6 +21,7 @@ import math
 import subprocess
 from datetime import date
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -56,20 +57,20 @@ def teacher_forced_logits(model, token_ids: list[int]) -> torch.Tensor:  # [T, v
     return torch.cat(logits)
 
 
-class nudged(torch.nn.Module):
+class Nudged(torch.nn.Module):
     """The model with its input embeddings scaled by (1 + 2^-22): the smallest change there is."""
 
     def __init__(self, model):
         super().__init__()
-        self.model, self.arch = model, model.arch
+        self.inner, self.arch = model, model.arch
 
     def forward(self, *args, **kwargs):
-        original = self.model.embed
-        self.model.embed = lambda ids: original(ids) * (1 + 2**-22)
+        original = self.inner.embed
+        self.inner.embed = lambda ids: original(ids) * (1 + 2**-22)
         try:
-            return self.model(*args, **kwargs)
+            return self.inner(*args, **kwargs)
         finally:
-            del self.model.embed
+            del self.inner.embed
 
 
 def llamacpp_results(python: str, texts_ids: list[list[int]], *options: str) -> list[dict]:
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     # The floor of any agreement figure: each path against itself with its input embeddings
     # scaled by (1 + 2^-22), one or two float32 ulps; nothing else differs.
     for q in ("gguf-exact", "gguf"):
-        models[f"{q} +1ulp"] = nudged(models[q].model)
+        models[f"{q} +1ulp"] = SimpleNamespace(model=Nudged(models[q].model))
     positions = 0
     texts_ids, top1 = [], {q: [] for q in models}
     nll = {q: 0.0 for q in models}
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         texts_ids.append(token_ids)
         targets = torch.tensor(token_ids[1:])
         for q, m in models.items():
-            values = teacher_forced_logits(getattr(m, "model", m), token_ids)[:-1]
+            values = teacher_forced_logits(m.model, token_ids)[:-1]
             top1[q].append(values.argmax(-1))
             nll[q] += float(torch.nn.functional.cross_entropy(values, targets, reduction="sum"))
         positions += len(targets)
