@@ -1,6 +1,7 @@
-"""The EAGLE head: its training computation is its serving computation, its bookkeeping of the
-target's features survives recomputation, `train-draft` runs end to end, and mismatched heads
-are refused with a clear error."""
+"""The EAGLE head: its training computation is its serving computation (EAGLE-3's feature layers
+too, which the target returns beside its last layer's output), its bookkeeping of the target's
+features survives recomputation, it runs Q8_0 weights beside an integer-kernel target,
+`train-draft` runs end to end and resumes, and mismatched heads are refused with a clear error."""
 
 from __future__ import annotations
 
