@@ -215,6 +215,11 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, Linear) and module.gguf is not None:
                 module.gguf.use_integer_kernels()
 
+    def on_integer_kernels(self) -> bool:
+        """Whether any projection runs llama.cpp's integer arithmetic (--quantization gguf)."""
+        return any(isinstance(m, Linear) and m.gguf is not None and m.gguf.on_integer_kernels
+                   for m in self.modules())
+
     def gguf_format_names(self) -> list[str]:
         return sorted({f for m in self.modules() if isinstance(m, Linear) and m.gguf
                        for f in m.gguf.format_names})

@@ -76,6 +76,11 @@ class GGUFWeight:
         return sum(p.packed.numel() for p in self.parts)
 
     @property
+    def on_integer_kernels(self) -> bool:
+        """Some part runs int8 activations and integer dot products (`use_integer_kernels`)."""
+        return any(p.fmt.ggml_type in int8.ORIGINAL for p in self.parts)
+
+    @property
     def format_names(self) -> list[str]:
         return [p.fmt.name for p in self.parts]
 

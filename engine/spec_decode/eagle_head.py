@@ -203,7 +203,7 @@ def load_head(folder: Path, target, device: torch.device, dtype: torch.dtype,
     if not for_training:
         # Beside a target on the integer kernels (llama.cpp's arithmetic), the head's weights go
         # to Q8_0 on them too: a draft step streams ~9 MB instead of ~36 MB of float32.
-        integer = any(name.endswith("x16") for name in target.gguf_format_names())
+        integer = target.on_integer_kernels()
         for module in head.modules():
             if isinstance(module, Linear):
                 if integer:
