@@ -73,7 +73,9 @@ def test_ngram_steps_mix_forced_and_guessed_drafts_and_stay_lossless(plain_struc
         return drafts, forced
 
     monkeypatch.setattr(speculation, "interleave_drafts", recording)
-    llm = make_llm(speculative_method="ngram", num_speculative_tokens=4)
+    # Not adaptive: the controller prices guesses by measured step times, and on a slow or
+    # noisy host it may plan none, leaving only forced drafts (CI failed so, once).
+    llm = make_llm(speculative_method="ngram", num_speculative_tokens=4, adaptive=False)
     params = [SamplingParams(max_tokens=40, temperature=0, structured=c) for c in CONSTRAINTS]
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
     assert any(mixed)
