@@ -19,6 +19,7 @@ from engine.models.architecture import LlamaArchitecture
 from engine.models.checkpoint_names import Place, parts_of, place_of
 from engine.models.decoder_layer import DecoderLayer
 from engine.models.layers import Linear, RMSNorm, RotaryEmbedding
+from engine.models.stack import CompiledStack, run_stack, stack_applies
 from engine.quant.gguf_weight import PackedTensor
 from engine.quant.kernels import cpu_ops_for, load_kernel
 
@@ -39,6 +40,7 @@ class LlamaForCausalLM(nn.Module):
         # Layers whose outputs `hidden_states` returns beside the last one (an EAGLE-3 draft
         # head reads them); set once, before the first step.
         self.feature_layers: tuple[int, ...] = ()
+        self._compiled_stack = CompiledStack()
         # Tables computed on CPU even under a meta-device context: torch's meta implementation of
         # arange imports sympy (~40 MB of resident memory) for nothing.
         self.build_rotary(torch.device("cpu"))
@@ -106,18 +108,16 @@ class LlamaForCausalLM(nn.Module):
         cuts = sorted(self.feature_layers) if layer_ids is None else []
         runs = [order[start:end + 1] for start, end in
                 zip([0] + [c + 1 for c in cuts], cuts + [len(order) - 1]) if start <= end]
-        stack = self._decoder_stack(cpu_ops_for(x), kv_caches) \
-            if not meta.chunks and meta.batched is not None else None
+        fused = cpu_ops_for(x)
+        stack = self._decoder_stack(fused, kv_caches) \
+            if stack_applies(fused, kv_caches, meta) else None
         rope = local_rope = None
         if stack is None:
             rope = self.rotary.at(positions, x.dtype)
             local_rope = self.local_rotary.at(positions, x.dtype) if self.local_rotary else None
         for run in runs:
             if stack is not None:
-                group = meta.batched
-                stack.run(x, positions.contiguous(), kv_caches.storage, meta.slot_mapping,
-                          group.token_index, group.query_lens, group.context_lens,
-                          group.block_tables, run)
+                run_stack(stack, x, positions, kv_caches, meta, run)
             else:
                 for i in run:
                     k_cache, v_cache = kv_caches[i]
@@ -131,25 +131,9 @@ class LlamaForCausalLM(nn.Module):
         return torch.cat([x] + [by_layer[i] for i in self.feature_layers], dim=-1)
 
     def _decoder_stack(self, fused, kv_caches):
-        """The compiled decoder stack (csrc/decoder_stack.cpp) holding every layer's weights, or
-        None where it does not apply: not the CPU float32 path, a layer without fused weights,
-        layers with different windows, or a cache that is not one KVCache storage. Built on
-        first use."""
-        if fused is None or getattr(kv_caches, "storage", None) is None:
-            return None
-        stack = getattr(self, "_stack", None)
-        if stack is None or stack[1] is not self.rotary.cos:  # tables rebuilt: rebind them
-            weights = [layer.fused_weights() for layer in self.layers]
-            a = self.arch
-            one_window = len({a.window_of(i) for i in range(a.num_layers)}) == 1
-            built = None
-            if one_window and all(w is not None for w in weights):
-                built = fused.DecoderStack(
-                    [w[:2] + w[3:] for w in weights], weights[0][2], self.rotary.cos,
-                    self.rotary.sin, a.num_heads, a.num_kv_heads, a.head_dim,
-                    a.window_of(0) or 0)
-            stack = self._stack = (built, self.rotary.cos)
-        return stack[0]
+        """The compiled decoder stack (models/stack.py) holding every layer's weights, or None
+        where it does not apply."""
+        return self._compiled_stack.get(fused, self.layers, self.arch, self.rotary)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face-named tensors into this model, fusing q/k/v and gate/up.
