@@ -147,8 +147,7 @@ class EagleProposer(Proposer):
         all but the last (the next draft starts from its prediction), without drafting: bounds
         the target rows kept per request and the next draft's catch-up, at a batched head
         forward's price per position."""
-        waiting = [r for r in requests
-                   if sum(run.shape[0] for _, run in r.pending_features) >= CATCH_UP_ROWS]
+        waiting = [r for r in requests if _num_waiting(r) >= CATCH_UP_ROWS]
         if not waiting:
             return
         rows, positions = self._take_pending(waiting)
@@ -210,12 +209,24 @@ def _on(values: list[int], device: torch.device) -> torch.Tensor:
     return tensor
 
 
-def _keep_features(request: Request, start: int, features: torch.Tensor) -> None:
-    """Appends a run of features from position `start`, dropping any waiting at or past it (a
-    recompute after preemption delivers positions again)."""
-    kept = []
-    for first, run in request.pending_features:
-        if first < start:
-            kept.append((first, run[:start - first]))
-    kept.append((start, features))
-    request.pending_features = kept
+def _keep_features(request: Request, start: int, rows: torch.Tensor) -> None:
+    """Appends a run of kept target rows from position `start`, dropping any waiting at or past
+    it (a recompute after preemption delivers positions again). Runs stay in position order, so
+    only the last ones can reach `start`: a step touches those alone, not every waiting run."""
+    pending = request.pending_features
+    while pending and pending[-1][0] >= start:
+        pending.pop()
+    if pending:
+        first, run = pending[-1]
+        if first + run.shape[0] > start:
+            pending[-1] = (first, run[:start - first])
+    pending.append((start, rows))
+
+
+def _num_waiting(request: Request) -> int:
+    """Positions waiting for the head: its runs are consecutive, in position order."""
+    pending = request.pending_features
+    if not pending:
+        return 0
+    last_first, last_rows = pending[-1]
+    return last_first + last_rows.shape[0] - pending[0][0]
