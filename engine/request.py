@@ -55,9 +55,9 @@ class Request:
     # counters (writer: the scheduler); recent acceptance (writer: the speculation controller).
     draft_token_ids: list[int] = field(default_factory=list)
     num_draft_computed_tokens: int = 0
-    # The target's features (final hidden states) at positions the EAGLE head has not read yet,
-    # as (first position, [n, hidden]) runs (writer: the eagle proposer).
-    pending_features: list[tuple[int, object]] = field(default_factory=list)
+    # What the EAGLE head has not read yet, as (first position, rows, rows are features) runs:
+    # the target's kept rows, or the head's features made of them (writer: the eagle proposer).
+    pending_features: list[tuple[int, object, bool]] = field(default_factory=list)
     spec_stats: SpecStats = field(default_factory=SpecStats)
     acceptance: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     # A proposer with several sources (eagle: copy lookup, head) keeps one tracker per source

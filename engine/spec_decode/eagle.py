@@ -4,10 +4,10 @@ After every target step the engine hands over the hidden states of the positions
 settled (`observe_target_step`); the rows the head reads wait on the request until its next
 proposal. A proposal then runs the head once over everything waiting (its catch-up: feature f_t
 with token t+1, for the positions since the last proposal) and K - 1 more times on its own
-predictions; a request that waits CATCH_UP_ROWS positions without drafting is caught up anyway. The
-head's one-layer KV lives at the target's positions in the request's own blocks, so the scheduler's
-block tables and lookahead slots serve it unchanged; rejected drafts' entries are overwritten by
-the next catch-up.
+predictions. A request that keeps CONVERT_ROWS rows without drafting has them turned into
+features without the head running. The head's one-layer KV lives at the target's positions in
+the request's own blocks, so the scheduler's block tables and lookahead slots serve it unchanged;
+rejected drafts' entries are overwritten by the next catch-up.
 
 Where the request's context holds a copy (an n-gram match of at least `ngram_min` tokens), the
 lookup's continuation may be proposed instead: on copy-heavy text it is right more often than the
@@ -34,9 +34,11 @@ from engine.spec_decode.ngram import NgramLookup
 from engine.spec_decode.proposer import Proposal, Proposer
 
 
-# Waiting positions after which a request's head catches up without drafting (~7 KB of target
-# rows each for an EAGLE-3 head on the default model).
-CATCH_UP_ROWS = 64
+# Kept target rows after which a request's rows become the head's features without the head
+# running: an EAGLE-3 head's rows are three times the size (~7 KB a position on the default
+# model, against ~2.3 KB), and turning them into features is work the head needs anyway, where
+# running the head over them would be wasted on requests that never draft with it.
+CONVERT_ROWS = 64
 
 
 class EagleProposer(Proposer):
@@ -93,7 +95,7 @@ class EagleProposer(Proposer):
             # The source not used drifts back towards the prior, so it is tried again later.
             trackers["head" if use_copy else "copy"].decay()
             request.acceptance = trackers["copy" if use_copy else "head"]
-        self._catch_up_long_waits(requests)
+        self._convert_long_waits(requests)
 
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Proposal:
         drafts: list[list[int]] = [[] for _ in requests]
@@ -115,8 +117,8 @@ class EagleProposer(Proposer):
 
     def _draft(self, requests, num_tokens, active, drafts, probs) -> None:
         drafting = [requests[i] for i in active]
-        rows, positions = self._take_pending(drafting)
-        predicted = self._catch_up(drafting, rows, positions)
+        features, positions = self._take_pending(drafting)
+        predicted = self._catch_up(drafting, features, positions)
         lengths = [len(run) for run in positions]
         last_rows = [sum(lengths[:n + 1]) - 1 for n in range(len(lengths))]
         predicted = predicted.index_select(0, _on(last_rows, self.device))
@@ -142,45 +144,46 @@ class EagleProposer(Proposer):
                                       [1] * len(active), [p + 1 for p in draft_positions])
         self.num_sequential_steps = step
 
-    def _catch_up_long_waits(self, requests: Sequence[Request]) -> None:
-        """Runs the head over the waiting positions of requests with CATCH_UP_ROWS or more,
-        all but the last (the next draft starts from its prediction), without drafting: bounds
-        the target rows kept per request and the next draft's catch-up, at a batched head
-        forward's price per position."""
-        waiting = [r for r in requests if _num_waiting(r) >= CATCH_UP_ROWS]
-        if not waiting:
+    def _convert_long_waits(self, requests: Sequence[Request]) -> None:
+        """Turns the kept rows of requests with CONVERT_ROWS or more into the head's features,
+        all requests' in one batch."""
+        raw = [(request, index) for request in requests if _num_raw(request) >= CONVERT_ROWS
+               for index, (_, _, ready) in enumerate(request.pending_features) if not ready]
+        if not raw:
             return
-        rows, positions = self._take_pending(waiting)
-        earlier, start = [], 0
-        for request, run in zip(waiting, positions):
-            end = start + len(run)
-            request.pending_features = [(run[-1], rows[end - 1:end].clone())]
-            earlier.extend(range(start, end - 1))
-            start = end
-        self._catch_up(waiting, rows.index_select(0, _on(earlier, self.device)),
-                       [run[:-1] for run in positions])
+        features = self.head.target_features(
+            torch.cat([request.pending_features[index][1] for request, index in raw]),
+            self.target.norm)
+        offset = 0
+        for request, index in raw:
+            first, rows, _ = request.pending_features[index]
+            request.pending_features[index] = (first, features[offset:offset + rows.shape[0]], True)
+            offset += rows.shape[0]
 
-    def _catch_up(self, requests, rows: torch.Tensor, positions: list[list[int]]) -> torch.Tensor:
-        """The head over waiting positions (f_t, from the target's kept rows, with token t+1),
-        writing its KV there; [rows, H] its predictions f^_{t+1}."""
-        features = self.head.target_features(rows, self.target.norm)
+    def _catch_up(self, requests, features: torch.Tensor,
+                  positions: list[list[int]]) -> torch.Tensor:
+        """The head over waiting positions (f_t with token t+1), writing its KV there; [rows, H]
+        its predictions f^_{t+1}."""
         token_ids = [request.all_token_ids[p + 1] for request, run in zip(requests, positions)
                      for p in run]
         return self._forward(requests, features, token_ids, [p for run in positions for p in run],
                              [len(run) for run in positions], [run[-1] + 1 for run in positions])
 
-    @staticmethod
-    def _take_pending(requests) -> tuple[torch.Tensor, list[list[int]]]:
-        """Every request's waiting target rows, concatenated, and each request's positions."""
+    def _take_pending(self, requests) -> tuple[torch.Tensor, list[list[int]]]:
+        """Every request's waiting features (kept rows turned into features now, in one batch),
+        concatenated, and each request's positions."""
         runs, positions = [], []
         for request in requests:
             own = []
-            for first, rows in request.pending_features:
-                runs.append(rows)
+            for first, rows, ready in request.pending_features:
+                runs.append((rows, ready))
                 own.extend(range(first, first + rows.shape[0]))
             positions.append(own)
             request.pending_features = []
-        return torch.cat(runs), positions
+        raw = [rows for rows, ready in runs if not ready]
+        converted = iter(self.head.target_features(torch.cat(raw), self.target.norm)
+                         .split([rows.shape[0] for rows in raw]) if raw else ())
+        return torch.cat([rows if ready else next(converted) for rows, ready in runs]), positions
 
     def _forward(self, requests, features, token_ids, positions, query_lens, context_lens):
         meta = build_attention_metadata(query_lens, context_lens,
@@ -217,16 +220,19 @@ def _keep_features(request: Request, start: int, rows: torch.Tensor) -> None:
     while pending and pending[-1][0] >= start:
         pending.pop()
     if pending:
-        first, run = pending[-1]
+        first, run, ready = pending[-1]
         if first + run.shape[0] > start:
-            pending[-1] = (first, run[:start - first])
-    pending.append((start, rows))
+            pending[-1] = (first, run[:start - first], ready)
+    pending.append((start, rows, False))
 
 
-def _num_waiting(request: Request) -> int:
-    """Positions waiting for the head: its runs are consecutive, in position order."""
+def _num_raw(request: Request) -> int:
+    """Waiting positions whose rows are not features yet: the last runs, consecutive."""
     pending = request.pending_features
-    if not pending:
+    index = len(pending)
+    while index and not pending[index - 1][2]:
+        index -= 1
+    if index == len(pending):
         return 0
-    last_first, last_rows = pending[-1]
-    return last_first + last_rows.shape[0] - pending[0][0]
+    last_first, last_rows, _ = pending[-1]
+    return last_first + last_rows.shape[0] - pending[index][0]

@@ -124,10 +124,10 @@ def test_waiting_features_are_replaced_from_a_recomputed_position():
     request = Request("r", [1, 2, 3], SamplingParams())
     _keep_features(request, 0, torch.zeros(4, 2))
     _keep_features(request, 4, torch.ones(2, 2))
-    assert [(start, run.shape[0]) for start, run in request.pending_features] == [(0, 4), (4, 2)]
+    assert [(start, run.shape[0]) for start, run, _ in request.pending_features] == [(0, 4), (4, 2)]
     # After a preemption the target recomputes from position 2: positions >= 2 are replaced.
     _keep_features(request, 2, torch.full((3, 2), 7.0))
-    assert [(start, run.shape[0]) for start, run in request.pending_features] == [(0, 2), (2, 3)]
+    assert [(start, run.shape[0]) for start, run, _ in request.pending_features] == [(0, 2), (2, 3)]
     assert request.pending_features[1][1][0, 0] == 7.0
 
 

@@ -1,6 +1,7 @@
 """What keeps an EAGLE head's drafting cheap without changing what it drafts: its layer runs in
 the compiled decoder stack beside an integer target, and a request that waits long without
-drafting has its head caught up in between, so the target rows kept for it stay bounded."""
+drafting has its kept target rows turned into features in between (a third of their size),
+without the head running."""
 
 from __future__ import annotations
 
@@ -52,18 +53,19 @@ def test_beside_an_integer_target_the_head_layer_runs_in_the_compiled_stack(monk
 
 @pytest.fixture(scope="module")
 def random_head(tiny_chat_model_folder, tmp_path_factory):
-    return make_random_head(tiny_chat_model_folder, tmp_path_factory.mktemp("head"), 64, std=0.3)
+    return make_random_head(tiny_chat_model_folder, tmp_path_factory.mktemp("head"), 64, std=0.3,
+                            feature_layers=[0, 1])
 
 
-def _drafts_after_a_long_wait(model_folder, head_folder, monkeypatch, catch_up_rows: int,
+def _drafts_after_a_long_wait(model_folder, head_folder, monkeypatch, convert_rows: int,
                               wait_steps: int = 40):
-    """The first drafts of a request whose first `wait_steps` steps drafted nothing, and the
-    most target rows it kept waiting, with CATCH_UP_ROWS = `catch_up_rows`."""
-    monkeypatch.setattr(eagle, "CATCH_UP_ROWS", catch_up_rows)
+    """The tokens, the first drafts of a request whose first `wait_steps` steps drafted
+    nothing, and the most raw target rows it kept, with CONVERT_ROWS = `convert_rows`."""
+    monkeypatch.setattr(eagle, "CONVERT_ROWS", convert_rows)
     llm = make_llm(str(model_folder), speculative_method="eagle", draft_head=str(head_folder),
                    eagle_ngram_min=0, adaptive=False, num_speculative_tokens=3)
     controller, proposer = llm.engine.controller, llm.engine.proposer
-    plans, drafts, most_kept = [], [], [0]
+    plans, drafts, most_raw = [], [], [0]
     plan, propose, prepare = controller.plan, proposer.propose, proposer.prepare
 
     def holding_back(requests, max_ks, *args):
@@ -76,39 +78,43 @@ def _drafts_after_a_long_wait(model_folder, head_folder, monkeypatch, catch_up_r
         return proposal
 
     def measuring(requests, max_tokens):
-        most_kept[0] = max(most_kept[0], *(sum(rows.shape[0] for _, rows in r.pending_features)
-                                           for r in requests))
         prepare(requests, max_tokens)
+        most_raw[0] = max(most_raw[0], *(eagle._num_raw(r) for r in requests))
 
     controller.plan, proposer.propose, proposer.prepare = holding_back, recording, measuring
     outputs = llm.generate(["one two three four five six"],
                            SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))
-    return outputs[0].token_ids, drafts[:5], most_kept[0]
+    return outputs[0].token_ids, drafts[:5], most_raw[0]
 
 
-def test_a_long_wait_is_caught_up_in_between_and_drafts_the_same(
+def test_a_long_wait_keeps_features_not_rows_and_drafts_the_same(
         tiny_chat_model_folder, random_head, monkeypatch):
+    """Rows turned into features while the request waits give the drafts that turning them all
+    at the draft gives, and at most CONVERT_ROWS raw rows are kept in between."""
     plain = make_llm(str(tiny_chat_model_folder), speculative_method="none").generate(
         ["one two three four five six"],
         SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))[0].token_ids
-    tokens, drafts, most_kept = _drafts_after_a_long_wait(
-        tiny_chat_model_folder, random_head, monkeypatch, catch_up_rows=8)
-    whole, whole_drafts, whole_kept = _drafts_after_a_long_wait(
-        tiny_chat_model_folder, random_head, monkeypatch, catch_up_rows=10**9)
+    tokens, drafts, most_raw = _drafts_after_a_long_wait(
+        tiny_chat_model_folder, random_head, monkeypatch, convert_rows=8)
+    whole, whole_drafts, whole_raw = _drafts_after_a_long_wait(
+        tiny_chat_model_folder, random_head, monkeypatch, convert_rows=10**9)
     assert tokens == whole == plain
-    assert most_kept <= 8 < whole_kept  # bounded, where one catch-up at the draft keeps ~46
-    assert drafts and drafts == whole_drafts  # the head's KV was written where and as it should
+    assert most_raw < 8 < whole_raw  # bounded, where converting only at the draft keeps ~46
+    assert drafts and drafts == whole_drafts
 
-    # The control: a catch-up in between that drops the rows instead of running the head over
-    # them leaves its KV unwritten there, and the drafts change.
-    def dropping(self, requests):
-        for request in requests:
-            if sum(rows.shape[0] for _, rows in request.pending_features) >= 8:
-                request.pending_features = request.pending_features[-1:]
-                first, rows = request.pending_features[0]
-                request.pending_features = [(first + rows.shape[0] - 1, rows[-1:])]
+    # The control: a conversion that gets the features wrong (zeros) changes the drafts.
+    target_features = eagle_head_module.EagleHead.target_features
+    monkeypatch.setattr(eagle.EagleProposer, "_convert_long_waits",
+                        lambda self, requests: _convert_to_zeros(self, requests))
+    _, zeroed_drafts, _ = _drafts_after_a_long_wait(
+        tiny_chat_model_folder, random_head, monkeypatch, convert_rows=8)
+    assert zeroed_drafts != whole_drafts
+    assert eagle_head_module.EagleHead.target_features is target_features
 
-    monkeypatch.setattr(eagle.EagleProposer, "_catch_up_long_waits", dropping)
-    _, dropped_drafts, _ = _drafts_after_a_long_wait(
-        tiny_chat_model_folder, random_head, monkeypatch, catch_up_rows=8)
-    assert dropped_drafts != whole_drafts
+
+def _convert_to_zeros(proposer, requests):
+    for request in requests:
+        if eagle._num_raw(request) >= eagle.CONVERT_ROWS:
+            request.pending_features = [
+                (first, torch.zeros(rows.shape[0], proposer.target.arch.hidden_size), True)
+                for first, rows, _ in request.pending_features]
