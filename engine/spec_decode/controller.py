@@ -128,18 +128,21 @@ class SpeculationController:
 
     def plan(self, requests: Sequence[Request], max_ks: Sequence[int],
              num_other_tokens: int,
-             padded_tokens: Callable[[int], int] | None = None) -> list[int]:
+             padded_tokens: Callable[[int], int] | None = None,
+             free: Sequence[bool] | None = None) -> list[int]:
         """Draft tokens per request for this step. `num_other_tokens`: tokens fed anyway (each
         request's last token, other requests' prefill chunks). `padded_tokens`, for a step
         that will run padded (static_runner.py): the rows it computes when its longest request
-        drafts L tokens."""
+        drafts L tokens. `free[i]`: request i's drafts cost no drafting this step (an EAGLE
+        request proposing a copy), only their verified rows."""
         if not self.adaptive:
             return list(max_ks)
         estimates = [r.acceptance.estimate(self.prior_acceptance) for r in requests]
+        free = list(free) if free is not None else [False] * len(requests)
         if padded_tokens is not None:
-            ks = self._plan_by_depth(estimates, max_ks, padded_tokens)
+            ks = self._plan_by_depth(estimates, max_ks, padded_tokens, free)
         else:
-            ks = self._plan_greedy(estimates, max_ks, num_other_tokens)
+            ks = self._plan_greedy(estimates, max_ks, num_other_tokens, free)
         ks = self._probe_now_and_then(ks, estimates, max_ks)
         for request, k in zip(requests, ks):
             if k == 0:
@@ -164,48 +167,56 @@ class SpeculationController:
         return probe
 
     def _plan_by_depth(self, estimates: Sequence[float], max_ks: Sequence[int],
-                       padded_tokens: Callable[[int], int]) -> list[int]:
+                       padded_tokens: Callable[[int], int], free: Sequence[bool]) -> list[int]:
         """A padded step pads every sequence to its longest query, so its cost depends on the
         depth L (the most drafts any request gets), not on how many requests draft: one draft
         costs as much as L for everyone. Each depth is tried, every request drafting up to L
-        tokens while a draft still gains >= 2% of a token; the best tokens per second wins."""
+        tokens while a draft still gains >= 2% of a token (or, where some requests' drafts are
+        free, only those drafting); the best tokens per second wins."""
         useful = [min(m, _useful_drafts(a)) for a, m in zip(estimates, max_ks)]
         best_ks = [0] * len(estimates)
         best_rate = len(estimates) / self.step_cost(padded_tokens(0))
+        groups = [[True] * len(free)] + ([list(free)] if any(free) and not all(free) else [])
         for depth in range(1, max(useful, default=0) + 1):
-            ks = [min(depth, u) for u in useful]
-            gain = sum(a * (1 - a ** k) / (1 - a) if a < 1 else float(k)
-                       for a, k in zip(estimates, ks))
-            cost = self.step_cost(padded_tokens(depth)) + self.draft_cost(sum(ks), depth)
-            rate = (len(estimates) + gain) / cost
-            if rate > best_rate:
-                best_ks, best_rate = ks, rate
+            for drafting in groups:
+                ks = [min(depth, u) if d else 0 for u, d in zip(useful, drafting)]
+                if not any(ks):
+                    continue
+                gain = sum(a * (1 - a ** k) / (1 - a) if a < 1 else float(k)
+                           for a, k in zip(estimates, ks))
+                drafted = [k for k, f in zip(ks, free) if not f]
+                cost = (self.step_cost(padded_tokens(max(ks)))
+                        + self.draft_cost(sum(drafted), max(drafted, default=0)))
+                rate = (len(estimates) + gain) / cost
+                if rate > best_rate:
+                    best_ks, best_rate = ks, rate
         return best_ks
 
     def _plan_greedy(self, estimates: Sequence[float], max_ks: Sequence[int],
-                     num_other_tokens: int) -> list[int]:
+                     num_other_tokens: int, free: Sequence[bool]) -> list[int]:
         """A flat step costs by the tokens it feeds: drafts go out one at a time, to the
         likeliest next draft, while each raises the step's expected tokens per second."""
         ks = [0] * len(estimates)
         gains = float(len(estimates))  # each request emits at least one token
         cost = self.step_cost(num_other_tokens)
-        total_drafts, longest = 0, 0
+        total_drafts, drafted, longest = 0, 0, 0  # all drafts; those drafting costs, and depth
         # Max-heap of (next draft's expected gain, request index).
         heap = [(-a, i) for i, a in enumerate(estimates) if max_ks[i] > 0]
         heapq.heapify(heap)
         while heap:
             neg_gain, i = heapq.heappop(heap)
             gain = -neg_gain
-            new_longest = max(longest, ks[i] + 1)
+            new_longest = longest if free[i] else max(longest, ks[i] + 1)
+            new_drafted = drafted + (0 if free[i] else 1)
             new_cost = (self.step_cost(num_other_tokens + total_drafts + 1)
-                        + self.draft_cost(total_drafts + 1, new_longest))
+                        + self.draft_cost(new_drafted, new_longest))
             if (gains + gain) / new_cost <= gains / cost:
                 break  # the likeliest remaining draft no longer pays for itself
             ks[i] += 1
             gains += gain
             cost = new_cost
             total_drafts += 1
-            longest = new_longest
+            drafted, longest = new_drafted, new_longest
             if ks[i] < max_ks[i]:
                 heapq.heappush(heap, (-gain * estimates[i], i))
         return ks

@@ -97,6 +97,9 @@ class EagleProposer(Proposer):
             request.acceptance = trackers["copy" if use_copy else "head"]
         self._convert_long_waits(requests)
 
+    def drafts_are_free(self, request: Request) -> bool:
+        return request.request_id in self._copies
+
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Proposal:
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]

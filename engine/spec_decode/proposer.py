@@ -43,6 +43,12 @@ class Proposer(ABC):
         look for another guess where its first is refused."""
         raise NotImplementedError(f"{self.name} cannot continue drafts")
 
+    def drafts_are_free(self, request: Request) -> bool:
+        """After `prepare`: whether this request's drafts this step cost no drafting work (a
+        lookup's copy where the proposer otherwise runs a model), so the controller prices
+        only their verification."""
+        return False
+
     def prepare(self, requests: Sequence[Request], max_tokens: Sequence[int]) -> None:
         """Before the controller plans a step: a proposer with several sources picks one per
         request and points `request.acceptance` at that source's tracker, so the controller

@@ -33,7 +33,8 @@ class Speculation:
         max_ks = [s.num_lookahead for s in decoding]
         self.proposer.prepare(requests, max_ks)
         # drafts not set yet: num_batched_tokens counts each request's own tokens
-        ks = self.controller.plan(requests, max_ks, plan.num_batched_tokens, padded_tokens)
+        free = [self.proposer.drafts_are_free(r) for r in requests]
+        ks = self.controller.plan(requests, max_ks, plan.num_batched_tokens, padded_tokens, free)
         constrained = any(r.grammar is not None for r in requests)
         if not any(ks) and not constrained:
             return {}
@@ -46,7 +47,8 @@ class Speculation:
         if any(upfront_ks):
             started = time.perf_counter()
             proposal = self.proposer.propose(requests, upfront_ks)
-            self.controller.observe_drafting(sum(len(d) for d in proposal.draft_token_ids),
+            self.controller.observe_drafting(sum(len(d) for d, f in zip(proposal.draft_token_ids,
+                                                                        free) if not f),
                                              getattr(self.proposer, "num_sequential_steps", 0),
                                              time.perf_counter() - started)
         probs = {}

@@ -162,6 +162,20 @@ def test_expensive_sequential_drafting_limits_the_draft_length():
     assert controller.plan([make_request()], [4], num_other_tokens=1) == [1]
 
 
+def test_free_drafts_are_priced_by_their_verification_alone():
+    """Drafting that costs a whole target step would stop every draft; a request whose drafts
+    are free this step (an EAGLE request proposing a copy) still gets them, the other not."""
+    expensive = ModelDraftCost(1.0, LinearCostModel(1.0, 0.001))
+    for padded in (None, lambda depth: 2 + 2 * depth):
+        controller = make_controller(fixed=1.0, per_token=0.001, draft_cost=expensive)
+        copying, drafting = make_request("copy"), make_request("head")
+        plan = controller.plan([copying, drafting], [MAX_K, MAX_K], 2, padded,
+                               free=[True, False])
+        assert plan[0] > 0 and plan[1] == 0
+        # The control: priced as model drafts, neither pays.
+        assert controller.plan([copying, drafting], [MAX_K, MAX_K], 2, padded) == [0, 0]
+
+
 def test_always_rejected_request_stops_speculating_beside_an_always_accepted_one():
     controller = make_controller(fixed=1.0, per_token=0.15)
     good, bad = make_request("good"), make_request("bad")
