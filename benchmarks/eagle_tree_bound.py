@@ -36,7 +36,6 @@ import torch
 from benchmarks.spec_matrix import method_options
 from benchmarks.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
-from engine.spec_decode import eagle
 from engine.spec_decode.controller import LinearCostModel
 
 TOP_K = 4
@@ -123,6 +122,7 @@ def best_tree(rates: list[list[float]], num_nodes: int) -> tuple[float, int]:
 
 
 def bound(rates, step_fit: LinearCostModel, head_step: float, max_nodes: int) -> list[dict]:
+    """The best tree of 0..max_nodes nodes: its expected accepted tokens and speedup bound."""
     one = step_fit(1)
     rows = []
     for n in range(0, max_nodes + 1):
@@ -131,6 +131,17 @@ def bound(rates, step_fit: LinearCostModel, head_step: float, max_nodes: int) ->
         rows.append({"nodes": n, "depth": depth, "expected_accepted": round(expected, 3),
                      "speedup_bound": round((1 + expected) / cost, 3)})
     return rows
+
+
+def best_chain(rates, k: int, step_fit: LinearCostModel, head_step: float) -> dict:
+    """The chain of K top-1 drafts at the same prices, for comparison with the trees."""
+    expected, p = 0.0, 1.0
+    for depth in range(k):
+        p *= rates[depth][0]
+        expected += p
+    cost = step_fit(1 + k) / step_fit(1) + k * head_step / step_fit(1)
+    return {"k": k, "expected_accepted": round(expected, 3),
+            "speedup_bound": round((1 + expected) / cost, 3)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -182,17 +193,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.output:
         Path(args.output).write_text(text + "\n")
     return report
-
-
-def best_chain(rates, k: int, step_fit: LinearCostModel, head_step: float) -> dict:
-    """The chain of K top-1 drafts at the same prices, for comparison with the trees."""
-    expected, p = 0.0, 1.0
-    for depth in range(k):
-        p *= rates[depth][0]
-        expected += p
-    cost = step_fit(1 + k) / step_fit(1) + k * head_step / step_fit(1)
-    return {"k": k, "expected_accepted": round(expected, 3),
-            "speedup_bound": round((1 + expected) / cost, 3)}
 
 
 if __name__ == "__main__":
