@@ -107,7 +107,11 @@ def make_tiny_model(folder, model_type: str = "llama", tokenizer_from=None, **ov
     settings.update(overrides)
     config = AutoConfig.for_model(model_type, **settings)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Eager attention where scores are soft-capped: some transformers releases (5.17) pick SDPA
+    # for Gemma 2 and silently drop the soft-cap there, so the reference would not be Gemma 2.
+    softcapped = getattr(config, "attn_logit_softcapping", None) is not None
+    model = AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation="eager" if softcapped else None)
     # Random init leaves tiny weights; scale up so logits differ by more than float noise.
     with torch.no_grad():
         for param in model.parameters():

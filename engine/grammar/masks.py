@@ -54,8 +54,10 @@ def mask_logits(logits: torch.Tensor, bitmask: torch.Tensor,
             return logits
         return fused.mask_logits(logits, bitmask)
     allowed = unpack_bitmask(bitmask, logits.shape[-1], logits.device)
-    return logits.masked_fill_(~allowed, float("-inf")) if in_place \
-        else apply_allowed(logits, allowed)
+    if not in_place:
+        return apply_allowed(logits, allowed)
+    with torch.inference_mode():  # the model's logits are inference tensors (its forward is
+        return logits.masked_fill_(~allowed, float("-inf"))  # in inference mode): writable here
 
 
 def known_next_tokens(requests: Sequence, row_starts: Sequence[int],

@@ -68,6 +68,20 @@ def read_tensors(path: Path, hf_config) -> Iterator[tuple[str, torch.Tensor | Pa
                        ", ".join(sorted(dequantized)))
 
 
+def float_tensors(path: Path, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
+    """`read_tensors` with every block dequantized to float32 by the gguf package: an
+    implementation independent of this project's kernels, so a folder of these is a reference
+    for them."""
+    import gguf
+
+    for name, value in read_tensors(path, hf_config):
+        if isinstance(value, PackedTensor):
+            data = gguf.quants.dequantize(value.packed.numpy(),
+                                          gguf.GGMLQuantizationType(value.ggml_type))
+            value = torch.from_numpy(data.astype(np.float32))
+        yield name, value.contiguous()
+
+
 # llama.cpp architectures whose files load here (gguf_names.py, gguf_config.py). Others store
 # tensors under names or with settings this loader does not map yet: refused before start.
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3")

@@ -120,27 +120,26 @@ def uses_integer_kernels(quantization: str) -> bool:
 
 
 def gguf_to_folder(gguf_path: Path) -> Path:
-    """Dequantizes a GGUF file into a cached Hugging Face folder (once per file version)."""
+    """Dequantizes a GGUF file into a cached Hugging Face folder (once per file version): the
+    config and tokenizer of its metadata folder, and every tensor in float32 under its Hugging
+    Face name. The tensors are read here, not by transformers' converter, which misses settings
+    the config needs (Qwen3's head_dim: its q/k/v would load in the wrong shapes)."""
     stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:v2".encode())
     folder = cache_dir() / "gguf" / f"{gguf_path.stem}-{key.hexdigest()[:12]}"
     if (folder / "config.json").is_file():
         return folder
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from safetensors.torch import save_file
 
     logger.info("dequantizing %s once (cached in %s)", gguf_path, folder)
-    kwargs = {"gguf_file": gguf_path.name}
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-    hf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
-    # save_pretrained refuses quantized models; the weights are plain floats by now.
-    hf_model.hf_quantizer = None
-    if hasattr(hf_model.config, "quantization_config"):
-        del hf_model.config.quantization_config
+    metadata = gguf_native.metadata_folder(gguf_path, cache_dir())
+    config = gguf_native.read_config(metadata)
+    tensors = dict(gguf_native.float_tensors(gguf_path, config))
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".staging-"))
     try:
-        hf_model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        shutil.copytree(metadata, staging, dirs_exist_ok=True)
+        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
         staging.rename(folder)  # atomic: a concurrent or interrupted start never sees half a folder
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)

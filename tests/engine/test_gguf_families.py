@@ -60,8 +60,12 @@ def default_gguf():
     return locate_model(None)[0]
 
 
+# auto: the file's blocks on CPU (dequantized on a GPU); none: dequantized into a Hugging Face
+# folder (loader.gguf_to_folder), the GPU's load, which must read the file's settings as well.
+@pytest.mark.parametrize("quantization", ["auto", "none"])
 @pytest.mark.parametrize("architecture", list(FAMILIES))
 def test_a_gguf_file_of_each_family_gives_transformers_tokens(tmp_path, architecture,
+                                                              quantization,
                                                               default_model_folder,
                                                               default_gguf):
     model_type, settings = FAMILIES[architecture]
@@ -75,7 +79,8 @@ def test_a_gguf_file_of_each_family_gives_transformers_tokens(tmp_path, architec
         folder = make_llm(str(tmp_path), speculative_method="none")
         expected = [o.token_ids for o in folder.generate(_token_ids(tmp_path), GREEDY)]
     write_gguf(hf_model, tmp_path / "model.gguf", architecture, default_gguf)
-    llm = make_llm(str(tmp_path / "model.gguf"), speculative_method="none")
+    llm = make_llm(str(tmp_path / "model.gguf"), speculative_method="none",
+                   quantization=quantization)
     arch = llm.engine.runner.model.arch
     assert arch.head_dim != arch.hidden_size // arch.num_heads or architecture != "qwen3"
     if architecture == "qwen3moe":

@@ -38,7 +38,7 @@ def test_penalties_combine_and_change_greedy_choice():
     assert sample(logits, batch).token_ids.tolist() == [1]
 
 
-def test_token_history_views_build_the_batch_the_copied_histories_build():
+def test_token_history_views_build_the_batch_the_copied_histories_build(device):
     """Verified rows read their history through TokenHistory (output + the first j drafts, no
     copy): penalties and seeded generators equal those of copied lists; a view one draft short
     (the negative control) gives other penalty counts."""
@@ -51,7 +51,7 @@ def test_token_history_views_build_the_batch_the_copied_histories_build():
     short = [TokenHistory(output, drafts, max(j - 1, 0)) for j in range(3)]
 
     def build(histories):
-        return build_sampling_batch(params, prompts, histories, 16, torch.device("cpu"))
+        return build_sampling_batch(params, prompts, histories, 16, device)
 
     expected, got, wrong = build(copied), build(views), build(short)
     assert torch.equal(got.penalties.output_counts, expected.penalties.output_counts)

@@ -209,13 +209,18 @@ def test_logprobs_under_a_grammar_stay_the_raw_models(plain_structured, monkeypa
     assert [s.top for s in masked.logprobs] != [s.top for s in out.logprobs]
 
 
-def test_masks_in_place_on_the_torch_path_equal_a_new_tensor():
+@pytest.mark.parametrize("made_in", ["plain", "inference-mode"])
+def test_masks_in_place_on_the_torch_path_equal_a_new_tensor(made_in):
     """Where the compiled pass does not apply (other devices and dtypes: float64 here), masks
-    in place give what a new masked tensor gives, in the same tensor; the control: the raw
-    logits differ from it."""
+    in place give what a new masked tensor gives, in the same tensor, also where the logits
+    are inference tensors, as the model's are (a GPU's step failed on them); the control: the
+    raw logits differ from it."""
     from engine.grammar.masks import apply_allowed, mask_logits
 
-    logits = torch.randn(3, 70, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode(made_in == "inference-mode"):
+        logits = torch.randn(3, 70, dtype=torch.float64,
+                             generator=torch.Generator().manual_seed(1))
+    assert logits.is_inference() == (made_in == "inference-mode")
     bitmask = torch.randint(-2**31, 2**31, (3, 3), dtype=torch.int32)
     expected = apply_allowed(logits, unpack_bitmask(bitmask, 70, torch.device("cpu")))
     raw = logits.clone()

