@@ -32,6 +32,7 @@ import torch
 from transformers import AutoTokenizer
 
 from benchmarks.offline import build_truncated_draft
+from benchmarks.report import taking_turns
 from benchmarks.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
 from engine.memory import CPU_KV_CACHE_GIB
@@ -84,10 +85,7 @@ def batch_one(llms: dict[str, LLM], prompts: dict[str, list[list[int]]], max_tok
         for n, prompt in enumerate(kind_prompts):
             params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
                                     ignore_eos=True, seed=n if temperature > 0 else None)
-            # The methods take turns in a rotating order: whichever runs first on a prompt ran
-            # up to ~5% slower in runs of `none` against itself here.
-            methods = list(llms)[n % len(llms):] + list(llms)[:n % len(llms)]
-            for method in methods:
+            for method in taking_turns(list(llms), n):
                 [output], took = generate(llms[method], [prompt], params)
                 outputs[method].append(output)
                 tokens[method] += len(output.token_ids)

@@ -3,8 +3,9 @@ JSON workload (`benchmarks/json_workload.py`), the same grammar for both, on the
 
     python -m benchmarks.structured --output benchmarks/results/structured.json
 
-1. Batch 1, greedy: every item alone, the methods taking turns on each; tokens/s, the ratio to
-   `none`, forced and proposed drafts, whether the tokens equal `none`'s. Twice: with every
+1. Batch 1, greedy: every item alone, the methods taking turns on each (in a rotating order:
+   whichever goes first runs slower); tokens/s, the ratio to `none`, forced and proposed
+   drafts, whether the tokens equal `none`'s. Twice: with every
    prompt new to the engine (prefix caching off: each prefill in full), and as the server runs
    by default (prefix caching on, a fresh cache at the start: a request finds the system message
    of earlier requests with the same schema cached, never its own prompt).
@@ -35,7 +36,7 @@ from transformers import AutoTokenizer
 
 from benchmarks.json_workload import SHAPES, is_valid, load_json_items
 from benchmarks.machine import cpu_model
-from benchmarks.report import emit
+from benchmarks.report import emit, taking_turns
 from engine import LLM, SamplingParams
 from engine.grammar import GrammarMatcher
 from engine.memory import CPU_KV_CACHE_GIB
@@ -164,9 +165,9 @@ def compare(row: dict, tokens: dict) -> dict:
 def batch_one(llms: dict[str, LLM], items, max_tokens: int) -> dict:
     """Per shape and overall: the methods taking turns on every item."""
     records = {m: [] for m in llms}
-    for item in items:
-        for method, llm in llms.items():
-            outputs, record = measure(llm, [item], max_tokens)
+    for n, item in enumerate(items):
+        for method in taking_turns(list(llms), n):
+            outputs, record = measure(llms[method], [item], max_tokens)
             records[method].append((item, outputs[0].token_ids, record))
     result = {}
     for shape in [*dict.fromkeys(item.shape for item in items), "all"]:
@@ -180,8 +181,8 @@ def batch_one(llms: dict[str, LLM], items, max_tokens: int) -> dict:
 def concurrent(llms: dict[str, LLM], items, max_tokens: int, level: int) -> dict:
     batch = [items[i % len(items)] for i in range(level)]
     row, tokens = {}, {}
-    for method, llm in llms.items():
-        outputs, record = measure(llm, batch, max_tokens, timed=True)
+    for method in taking_turns(list(llms), level):
+        outputs, record = measure(llms[method], batch, max_tokens, timed=True)
         row[method] = rates([record], level)
         tokens[method] = [o.token_ids for o in outputs]
     return compare(row, tokens)

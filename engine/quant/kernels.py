@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,11 +36,55 @@ def load_kernel():
         logger.info("GGUF CPU kernel disabled by SPECSERVE_DISABLE_GGUF_KERNEL=1")
         return None
     try:
-        return _build(verbose=False)
+        module = _build(verbose=False)
     except Exception as error:  # any build failure leaves the pure-torch path working
         logger.warning("GGUF CPU kernel unavailable (%s); using the slower pure-torch fallback",
                        str(error).strip().splitlines()[-1] if str(error).strip() else error)
         return None
+    failure = error_path_failure(build_dir())
+    if failure:
+        logger.warning("GGUF CPU kernel built, but a refused call %s (this compiler's C++ "
+                       "library cannot format its error messages); using the slower "
+                       "pure-torch fallback", failure)
+        return None
+    return module
+
+
+# A refused call must raise a RuntimeError that names the refused value. Checked in a child
+# process, once per build: with GCC 13 under /opt/gcc on a CUDA image, formatting a number in the
+# first error message crashed the whole process (the module carries its own copy of libstdc++,
+# whose number formatting does not work inside it; a GCC 12 build linked that way truncates
+# the message instead).
+_ERROR_PATH_PROBE = """
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import {name} as module
+try:
+    module.int8_unpack_rows(torch.zeros(16, 20, dtype=torch.uint8), 77, torch.tensor([0]))
+except RuntimeError as error:
+    sys.exit(0 if "77" in str(error) else 3)
+sys.exit(4)
+"""
+
+
+def error_path_failure(folder: Path, probe: str = _ERROR_PATH_PROBE) -> str | None:
+    """None where the built module in `folder` raises cleanly, else what went wrong."""
+    library = folder / f"{EXTENSION_NAME}.so"
+    stamp, key = folder / "error-path-checked", ""
+    if library.is_file() and probe == _ERROR_PATH_PROBE:
+        key = f"{library.stat().st_mtime_ns}:{library.stat().st_size}"
+        if stamp.is_file() and stamp.read_text() == key:
+            return None
+    result = subprocess.run([sys.executable, "-c", probe.format(name=EXTENSION_NAME),
+                             str(folder)], capture_output=True, timeout=300)
+    if result.returncode < 0:
+        return f"crashed the process (signal {-result.returncode})"
+    if result.returncode != 0:
+        return {3: "raised without naming its value", 4: "did not raise"}.get(
+            result.returncode, f"failed ({result.stderr.decode(errors='replace')[-200:]})")
+    stamp.write_text(key)
+    return None
 
 
 def cpu_ops_for(x):

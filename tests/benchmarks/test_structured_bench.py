@@ -42,3 +42,18 @@ def test_structured_benchmark_reports_valid_equal_outputs(tmp_path):
     assert report["batch1_prefix_caching"]["all"]["none"]["cached_prompt_tokens"] > 0
     assert report["batch1"]["all"]["none"]["cached_prompt_tokens"] == 0
     assert 0 < report["concurrent"]["2"]["ngram"]["grammar_share_of_decode"] < 1
+
+
+def test_each_method_goes_first_equally_often():
+    """The order of turns rotates: over a multiple of the methods' number of prompts, each goes
+    first (and each goes in each place) equally often; the control: a fixed order does not."""
+    from collections import Counter
+
+    from benchmarks.report import taking_turns
+
+    methods = ["none", "ngram", "eagle"]
+    orders = [taking_turns(methods, n) for n in range(6)]
+    assert all(sorted(order) == sorted(methods) for order in orders)
+    for place in range(3):
+        assert Counter(order[place] for order in orders) == {m: 2 for m in methods}
+    assert Counter([methods[0]] * 6) != {m: 2 for m in methods}

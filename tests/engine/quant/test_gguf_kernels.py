@@ -182,3 +182,19 @@ def test_q8_0_quantization_is_ggmls_byte_for_byte():
         int(np.sign(v) * np.floor(abs(v) + 0.5)) for v in (np.arange(31) - 15 + 0.5)]
     # The control: rounding half to even (torch.round) gives other bytes on the tie block.
     assert not torch.equal(weight[4, 1:32].round().to(torch.int8), ours[4, 3:34].view(torch.int8))
+
+
+def test_a_refused_call_raises_cleanly_or_the_kernel_is_not_used(kernel, monkeypatch, caplog):
+    """The built kernel raises a RuntimeError naming the refused value (checked in a child
+    process). Controls: probes that crash, truncate the message or do not raise are each
+    reported, and a kernel so reported is not used."""
+    from engine.quant import kernels
+
+    assert kernels.error_path_failure(kernels.build_dir()) is None
+    crash = "import os\nos.abort()"
+    assert "crashed the process" in kernels.error_path_failure(kernels.build_dir(), crash)
+    assert "without naming" in kernels.error_path_failure(kernels.build_dir(), "exit(3)")
+    assert "did not raise" in kernels.error_path_failure(kernels.build_dir(), "exit(4)")
+    monkeypatch.setattr(kernels, "error_path_failure", lambda folder: "crashed the process")
+    assert kernels.load_kernel.__wrapped__() is None
+    assert "pure-torch fallback" in caplog.text
