@@ -172,6 +172,15 @@ def plot(report: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def weights_label(llm: LLM, model: str | None) -> str:
+    """What the engine computes with: the file's GGUF blocks (CPU float32) or float weights
+    dequantized from them (a GPU); a model path names itself."""
+    if model is not None:
+        return model
+    native = any(getattr(m, "gguf", None) is not None for m in llm.engine.runner.model.modules())
+    return "native GGUF" if native else "GGUF dequantized to float32"
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="default: the embedded GGUF (native kernels)")
@@ -217,7 +226,9 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "benchmark": "spec_matrix",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": model_name, "weights": "native GGUF" if args.model is None else args.model,
+        "model": model_name, "weights": weights_label(llms["none"], args.model),
+        "device": str(llms["none"].engine.device),
+        "padded_layout": llms["none"].engine.static_runner is not None,
         "torch_threads": torch.get_num_threads(), "machine": platform.platform(),
         "load_average": [round(v, 2) for v in os.getloadavg()],
         "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,

@@ -205,7 +205,11 @@ def serve(app, lifecycle: Lifecycle, host: str, port: int, log_level: str,
           header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S) -> None:
     raise_file_limit()
     # The drain has already waited for responses; uvicorn's own wait only covers the last bytes.
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+    # asyncio's loop even where uvloop is installed (uvicorn[standard] brings it): out of
+    # descriptors, asyncio leaves new connections waiting in the backlog and retries a second
+    # later (server/connections.py logs it), while libuv accepts and closes them at once, so a
+    # health probe during a flood of idle sockets was dropped (seen on a GPU machine).
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, loop="asyncio",
                             timeout_graceful_shutdown=ABORT_GRACE_S,
                             http=header_timeout_protocol(header_timeout_s))
     DrainingServer(config, lifecycle).run()
