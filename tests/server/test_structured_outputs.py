@@ -64,9 +64,11 @@ def test_parse_with_a_pydantic_model(client, server, temperature):
 
 
 def test_json_object_streamed_equals_whole(client, server):
+    # A prompt the model answers in a few keys with the integer kernels and with float weights
+    # alike ("about the moon" loops inside a string with float weights, as on a GPU).
     request = dict(model=server.model, messages=[{"role": "user", "content": "A JSON object "
-                   "about the moon."}], response_format={"type": "json_object"},
-                   temperature=0, max_tokens=120)
+                   "describing the moon: its name and radius."}],
+                   response_format={"type": "json_object"}, temperature=0, max_tokens=120)
     whole = client.chat.completions.create(**request).choices[0]
     assert whole.finish_reason == "stop" and isinstance(json.loads(whole.message.content), dict)
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
