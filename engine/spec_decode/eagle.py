@@ -160,9 +160,12 @@ class EagleProposer(Proposer):
         self.num_sequential_steps = step
 
     def _convert_long_waits(self, requests: Sequence[Request]) -> None:
-        """Turns the kept rows of requests with CONVERT_ROWS or more into the head's features,
-        all requests' in one batch."""
-        raw = [(request, index) for request in requests if _num_raw(request) >= CONVERT_ROWS
+        """Turns the kept rows of requests with CONVERT_ROWS or more into the head's features."""
+        self._convert([request for request in requests if _num_raw(request) >= CONVERT_ROWS])
+
+    def _convert(self, requests: Sequence[Request]) -> None:
+        """Every kept-row run of these requests becomes the head's features, in one batch."""
+        raw = [(request, index) for request in requests
                for index, (_, _, ready) in enumerate(request.pending_features) if not ready]
         if not raw:
             return
@@ -187,18 +190,16 @@ class EagleProposer(Proposer):
     def _take_pending(self, requests) -> tuple[torch.Tensor, list[list[int]]]:
         """Every request's waiting features (kept rows turned into features now, in one batch),
         concatenated, and each request's positions."""
+        self._convert(requests)
         runs, positions = [], []
         for request in requests:
             own = []
-            for first, rows, ready in request.pending_features:
-                runs.append((rows, ready))
-                own.extend(range(first, first + rows.shape[0]))
+            for first, features, _ in request.pending_features:
+                runs.append(features)
+                own.extend(range(first, first + features.shape[0]))
             positions.append(own)
             request.pending_features = []
-        raw = [rows for rows, ready in runs if not ready]
-        converted = iter(self.head.target_features(torch.cat(raw), self.target.norm)
-                         .split([rows.shape[0] for rows in raw]) if raw else ())
-        return torch.cat([rows if ready else next(converted) for rows, ready in runs]), positions
+        return torch.cat(runs), positions
 
     def _forward(self, requests, features, token_ids, positions, query_lens, context_lens):
         meta = build_attention_metadata(query_lens, context_lens,
