@@ -5,6 +5,7 @@
 #
 #   benchmarks/device_check.sh setup   # carry .whl and .gpu/a: install the wheels, check imports
 #   benchmarks/device_check.sh run     # carry .gpu/b: the model, the suite in shards, benchmarks
+#   benchmarks/device_check.sh model profile   # carry .gpu/b: the step's profile (issue 45)
 #
 # `run` is `model`, `suite` and `bench`; `shard NAME PATHS...` runs one pytest process, and
 # `kernel_probe` checks the CPU kernel's error path. Everything lands under /tmp, which the
@@ -67,6 +68,31 @@ bench() {
 }
 
 run() { model && suite && bench; }
+
+# Issue 45's profile: the batch-1 step per method (phases, kernels, syncs, device-busy), the
+# Triton attention backend beside torch, the 8B-shaped model against the bandwidth limit, and
+# the methods side by side in bfloat16. About 4 minutes on an H100.
+profile() {
+    local log="$OUT/profile.log" gpu
+    gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+    timeout 150 python3 -m benchmarks.profile_step --methods none,ngram,eagle --steps 64 \
+        --output "$OUT/profile_step_${gpu}.json" >>"$log" 2>&1
+    echo "== profile_step rc $?"
+    timeout 60 python3 -m benchmarks.profile_step --methods none --attention-backend triton \
+        --output "$OUT/profile_step_triton_${gpu}.json" >>"$log" 2>&1
+    echo "== profile_step triton rc $?"
+    for backend in torch triton; do
+        timeout 90 python3 -m benchmarks.real_size --attention-backend $backend \
+            --acceptance benchmarks/results/spec_matrix_h100_2026-11-26.json \
+            --output "$OUT/real_size_${backend}_${gpu}.json" >>"$log" 2>&1
+        echo "== real_size $backend rc $?"
+    done
+    timeout "${BENCH_S:-150}" python3 -m benchmarks.spec_matrix --workload code,chat,copy \
+        --num-prompts 2 --max-tokens 128 --temperatures 0 --matrix-methods "" \
+        --batch1-methods none,ngram,eagle --output "$OUT/spec_matrix_${gpu}.json" >>"$log" 2>&1
+    echo "== spec_matrix rc $?"
+    grep -E "Error|error|Traceback" "$log" | head -20
+}
 
 # The CPU kernel's error path with this machine's compiler: a refused call must raise (each in
 # its own process); under cuda-gdb, which debugs host code too, a crash shows its native stack.

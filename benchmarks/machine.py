@@ -45,3 +45,15 @@ def cpu_model() -> str | None:
     except OSError:
         pass
     return None
+
+
+def device_facts(device) -> dict:
+    """What ran the benchmark: the GPU by name with torch's CUDA version where it ran on one,
+    and always the host's CPU and versions."""
+    import torch
+
+    facts = {"device": str(device), "cpu": cpu_model(), "versions": our_versions()}
+    if getattr(device, "type", device) == "cuda":
+        facts["gpu"] = torch.cuda.get_device_name(device)
+        facts["versions"]["cuda"] = torch.version.cuda
+    return facts

@@ -54,7 +54,7 @@ def verify(logits: torch.Tensor,  # [num_rows, vocab] raw
         num_accepted, next_tokens = _verify_sampled_drafts(
             target_probs(processed, batch), batch, [seqs[i] for i in sampled])
         row_tokens = torch.cat([row_tokens, num_accepted, next_tokens])
-    host = row_tokens.tolist()  # the step's one device-to-host copy
+    host = read_tokens(row_tokens)
     num_rows = logits.shape[0]
     outcome = {i: (host[num_rows + n], host[num_rows + len(sampled) + n])
                for n, i in enumerate(sampled)}
@@ -70,6 +70,11 @@ def verify(logits: torch.Tensor,  # [num_rows, vocab] raw
             token = host[start + num_accepted]
         emitted.append(drafts[:num_accepted] + [token])
     return emitted
+
+
+def read_tokens(tokens: torch.Tensor) -> list[int]:
+    """The step's one device-to-host copy (on a GPU, where the host waits for the device)."""
+    return tokens.tolist()
 
 
 def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
