@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.attention import triton_backend
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, EngineLimits
 from engine.detokenizer import IncrementalDetokenizer
@@ -64,7 +65,9 @@ class LLMEngine:
                                         loaded.eos_token_ids)
         self.hf_config = loaded.hf_config
         arch = loaded.model.arch
-        loaded.model.set_attention_backend(config.model.attention_backend)
+        self.attention_backend = triton_backend.resolve(config.model.attention_backend,
+                                                        self.device)
+        loaded.model.set_attention_backend(self.attention_backend)
         self.vocab_size = arch.vocab_size
         max_model_len = min(config.model.max_model_len or arch.max_position_embeddings,
                             arch.max_position_embeddings)
@@ -78,7 +81,8 @@ class LLMEngine:
                            self.dtype, self.device)
         self.runner = ModelRunner(loaded.model, kv_cache, self.device)
         self.static_runner = StaticStepRunner.for_engine(
-            config, loaded.model, kv_cache, self.limits, self.device) if padded else None
+            config, loaded.model, kv_cache, self.limits, self.device, self.attention_backend) \
+            if padded else None
         self.block_manager = BlockManager(self.limits.num_kv_blocks, self.limits.block_size,
                                           config.cache.enable_prefix_caching, arch.max_window)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.limits.max_model_len)

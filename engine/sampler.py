@@ -114,11 +114,14 @@ def build_sampling_batch(
     top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
     greedy = [p.greedy for p in params]
     logprob_counts = [p.logprobs for p in params if p.logprobs is not None]
+    # The float settings travel in one copy (one pinned staging and one transfer, not three).
+    floats = column([[p.temperature for p in params], [p.top_p for p in params],
+                     [p.min_p for p in params]], torch.float32)
     batch = SamplingBatch(
-        temperature=column([p.temperature for p in params], torch.float32),
+        temperature=floats[0],
         top_k=column(top_k, torch.long),
-        top_p=column([p.top_p for p in params], torch.float32),
-        min_p=column([p.min_p for p in params], torch.float32),
+        top_p=floats[1],
+        min_p=floats[2],
         generators=generators,
         all_greedy=all(greedy),
         any_greedy=any(greedy),

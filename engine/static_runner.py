@@ -27,7 +27,7 @@ import torch
 
 from engine.attention.metadata import AttentionMetadata, BatchedGroup
 from engine.config import EngineConfig, EngineLimits
-from engine.device import copy_to_device
+from engine.device import StagedCopy
 from engine.scheduler import ScheduledRequest
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def uses_padded_steps(config: EngineConfig, device: torch.device) -> bool:
 class StaticStepRunner:
     @classmethod
     def for_engine(cls, config: EngineConfig, model, kv_cache, limits: EngineLimits,
-                   device: torch.device) -> "StaticStepRunner":
+                   device: torch.device, attention_backend: str) -> "StaticStepRunner":
         """The runner of an engine whose KV cache holds one scratch block past the
         `limits.num_kv_blocks` the block manager hands out."""
         spec = config.speculative
@@ -99,7 +99,7 @@ class StaticStepRunner:
                    use_graphs=not config.model.enforce_eager,
                    # The Triton kernel walks each request's own blocks: the table's width costs
                    # nothing there, so one width serves every step (fewer shapes, fewer graphs).
-                   full_width_tables=config.model.attention_backend == "triton")
+                   full_width_tables=attention_backend == "triton")
 
     def __init__(self, model, kv_cache, block_size: int, scratch_block: int, max_num_seqs: int,
                  max_query_len: int, max_model_len: int, device: torch.device,
@@ -126,6 +126,7 @@ class StaticStepRunner:
         self.query_lens = buffer(self.max_seqs)
         self.context_lens = buffer(self.max_seqs)
         self._rows = torch.arange(max_tokens, device=device)
+        self._staged = StagedCopy(device)
         self._graphs: dict[StepShape, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._eager_shapes: set[StepShape] = set()  # capture failed: run these eagerly
         self._graph_pool = None
@@ -214,10 +215,9 @@ class StaticStepRunner:
                 logits_rows.extend(range(row, row + n))
         fields = (ids, positions, slots, tables, query_lens, context_lens, logits_rows)
         host = torch.tensor(list(itertools.chain(*fields)), dtype=torch.long)
-        host = list(host.split([len(field) for field in fields]))
-        host[3] = host[3].view(b, width)
         ids, positions, slots, tables, query_lens, context_lens, rows = \
-            copy_to_device(host, self.device)
+            self._staged.send([host])[0].split([len(field) for field in fields])
+        tables = tables.view(b, width)
         self.input_ids[:n_tok].copy_(ids, non_blocking=True)
         self.positions[:n_tok].copy_(positions, non_blocking=True)
         self.slot_mapping[:n_tok].copy_(slots, non_blocking=True)

@@ -114,10 +114,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "activations and KV cache (default: %(default)s)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: decode and verify steps launch their kernels one by one")
-    p.add_argument("--attention-backend", default="torch", choices=["torch", "triton"],
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
                    help="decode/verify attention: 'torch' gathers KV pages and calls SDPA; "
-                        "'triton' reads the block table in one kernel (GPU; default: "
-                        "%(default)s)")
+                        "'triton' reads the block table in one kernel; 'auto' (default): "
+                        "triton on CUDA where it is installed, torch elsewhere")
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help="exact number of KV blocks (overrides --kv-cache-memory)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")

@@ -34,9 +34,11 @@ def paged_attention(
     meta: AttentionMetadata,
     backend: str = "torch",  # "triton": decode/verify requests through the Triton kernel
     options: AttentionOptions = PLAIN,
+    kv_written: bool = False,  # the caller stored this step's k and v already (a fused op)
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Stores the new tokens' KV in the cache, then attends every query to its request's context."""
-    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    if not kv_written:
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     group = meta.batched
     fused = cpu_ops_for(q)
     if group is not None and group.identity_layout and fused is None and backend == "torch":

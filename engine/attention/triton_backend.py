@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 
 import torch
 
@@ -87,6 +88,15 @@ def check_available() -> None:
     except ImportError as error:
         raise ValueError("--attention-backend triton needs the triton package (CUDA builds of "
                          f"torch bring it; pip install triton): {error}") from None
+
+
+def resolve(name: str, device: torch.device) -> str:
+    """The backend `name` means on `device`: 'auto' is this kernel on CUDA where triton is
+    installed (a batch-1 step of the default model took 1.99 ms against the torch backend's
+    2.53 on an H100, docs/gpu.md), the torch backend elsewhere."""
+    if name != "auto":
+        return name
+    return "triton" if device.type == "cuda" and importlib.util.find_spec("triton") else "torch"
 
 
 def _power_of_two(n: int) -> bool:

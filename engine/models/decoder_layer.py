@@ -19,6 +19,7 @@ from engine.attention.torch_backend import paged_attention
 from engine.models.architecture import LlamaArchitecture
 from engine.models.layers import Linear, RMSNorm, RotaryStep
 from engine.models.moe import SparseMoE
+from engine.models.triton_ops import ops_for as triton_ops_for
 from engine.quant.kernels import cpu_ops_for
 
 
@@ -40,19 +41,29 @@ class Attention(nn.Module):
                                         softcap=arch.attn_softcap)
         self.backend = "torch"  # of decode/verify attention (engine/attention/)
 
-    def forward(self, x, rope: RotaryStep, k_cache, v_cache, meta: AttentionMetadata):
+    def forward(self, x, rope: RotaryStep, k_cache, v_cache, meta: AttentionMetadata,
+                residual: torch.Tensor | None = None):
+        """The attention's output, plus `residual` where given (added in the projection's
+        epilogue on GPUs)."""
         qk, v = self.qkv_proj(x).split([self.split_sizes[0] + self.split_sizes[1],
                                         self.split_sizes[2]], dim=-1)
         qk = qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim)
         if self.qk_norm:  # each head's query and key normalised before the rotation
             qk = torch.cat([self.q_norm(qk[:, :self.num_heads]),
                             self.k_norm(qk[:, self.num_heads:])], dim=1)
-        # Queries and keys sit side by side in the projection: one rotation covers both.
-        qk = rope.rotate(qk, self.num_heads)
-        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.backend, self.options)
-        return self.o_proj(out.flatten(1))
+        # Queries and keys sit side by side in the projection: one rotation covers both.
+        fused = triton_ops_for(qk) if rope.fused is None else None
+        kv_written = fused is not None and fused.supports_rotation(qk, k_cache)
+        if kv_written:  # one kernel rotates and stores this step's keys and values
+            fused.rotate_and_store(qk, v, rope.cos, rope.sin, self.num_heads, k_cache, v_cache,
+                                   meta.slot_mapping)
+        else:
+            qk = rope.rotate(qk, self.num_heads)
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.backend, self.options,
+                              kv_written)
+        return self.o_proj(out.flatten(1), residual)
 
 
 class MLP(nn.Module):
@@ -63,14 +74,14 @@ class MLP(nn.Module):
         self.down_proj = Linear(size, arch.hidden_size, bias=arch.mlp_bias)
         self.gelu = arch.hidden_act == "gelu_pytorch_tanh"
 
-    def forward(self, x):
+    def forward(self, x, residual: torch.Tensor | None = None):
         gate_up = self.gate_up_proj(x)
-        fused = cpu_ops_for(gate_up)
+        fused = cpu_ops_for(gate_up) or triton_ops_for(gate_up)
         if fused is not None and not self.gelu:
-            return self.down_proj(fused.silu_mul(gate_up))
+            return self.down_proj(fused.silu_mul(gate_up), residual)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         activated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.down_proj(activated * up)
+        return self.down_proj(activated * up, residual)
 
 
 class DecoderLayer(nn.Module):
@@ -90,11 +101,14 @@ class DecoderLayer(nn.Module):
         self.local_rope = arch.local_rope is not None and arch.window_of(layer) is not None
 
     def forward(self, x, rope: RotaryStep, k_cache, v_cache, meta):
-        attended = self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta)
         if self.sandwich:
+            attended = self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta)
             x = x + self.post_attention_layernorm(attended)
             return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-        x = x + attended
+        # The residual adds ride on the output projections (Linear: one GEMM on GPUs).
+        x = self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta, residual=x)
+        if isinstance(self.mlp, MLP):
+            return self.mlp(self.post_attention_layernorm(x), residual=x)
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def fused_weights(self) -> tuple | None:
