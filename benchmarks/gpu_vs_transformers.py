@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-sizes", default="16,64")
     parser.add_argument("--hf-modes", default="plain,pld,static")
     parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.4,
                         help="share of the card for each of our two engines (they run side by "
                              "side in this process, beside transformers)")

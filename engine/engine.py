@@ -288,7 +288,7 @@ class LLMEngine:
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
             text=state.detokenizer.text,
-            token_ids=list(request.output_token_ids),
+            token_ids=list(request.output_token_ids) if finished else [],
             delta_text=delta_text,
             delta_token_ids=delta_ids,
             finished=finished,

@@ -27,7 +27,9 @@ class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
     text: str  # all visible output text so far (a matched stop string excluded)
-    token_ids: list[int]  # all generated token ids so far
+    # every generated token id, on the final output only: a step's output carries its delta
+    # (copying the whole list every step made a request's outputs O(n^2))
+    token_ids: list[int]
     delta_text: str  # text that became visible in this step
     delta_token_ids: list[int]
     finished: bool

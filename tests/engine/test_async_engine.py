@@ -36,20 +36,23 @@ def test_streamed_deltas_add_up_to_the_final_output(async_engine):
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
     async def collect(prompt):
-        deltas, ids, last = [], [], None
+        deltas, ids, whole_copies, last = [], [], 0, None
         async for out in async_engine.generate(prompt, params):
             deltas.append(out.delta_text)
             ids.extend(out.delta_token_ids)
+            whole_copies += bool(out.token_ids)
             last = out
-        return deltas, ids, last
+        return deltas, ids, whole_copies, last
 
     async def main():
         return await asyncio.gather(*(collect(f"Hello number {i}") for i in range(6)))
 
-    for deltas, ids, last in asyncio.run(main()):
+    for deltas, ids, whole_copies, last in asyncio.run(main()):
         assert last.finished and last.finish_reason == "length"
         assert "".join(deltas) == last.text
         assert ids == last.token_ids and len(ids) == 12
+        # the steps before carry their deltas: only the final output copies every token
+        assert whole_copies == 1
     assert _blocks_free(async_engine)
 
 
