@@ -134,9 +134,10 @@ def profiled_counts(engine, prompt_ids, steps, params, device) -> dict:
     copies_to_host = sum(1 for e in events if e.name == "aten::_local_scalar_dense"
                          or e.name.startswith("Memcpy DtoH"))
     busy_us = sum(e.device_time for e in kernels) if kernels else None
-    top = collections.Counter()
+    top, top_us = collections.Counter(), collections.Counter()
     for e in kernels:
         top[e.name[:80]] += 1
+        top_us[e.name[:80]] += e.device_time
     return {
         "kernels_per_step": round(len(kernels) / (steps + 1), 1) if device.type == "cuda" else None,
         "host_launch_calls_per_step": round(launches / (steps + 1), 2),
@@ -145,6 +146,8 @@ def profiled_counts(engine, prompt_ids, steps, params, device) -> dict:
         "device_busy_ms_per_step": None if busy_us is None else round(busy_us / 1e3 / (steps + 1),
                                                                        4),
         "top_kernels": dict(top.most_common(12)),
+        "top_kernels_device_ms_per_step": {name: round(us / 1e3 / (steps + 1), 4)
+                                           for name, us in top_us.most_common(12)},
     }
 
 
@@ -189,7 +192,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     parser.add_argument("--output")
     args = parser.parse_args()
     from engine.device import pick_device

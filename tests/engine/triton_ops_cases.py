@@ -97,7 +97,7 @@ def compare_engine(device: torch.device, model_folder: str) -> None:
                           speculative_method=method, num_speculative_tokens=3, adaptive=False)
                 runs[fused, method] = [o.token_ids for o in llm.generate(prompts, params)]
         assert len(set(map(str, runs.values()))) == 1, (padded, runs)
-    assert calls and triton_ops.ops_for(torch.zeros(1)) is not None
+    assert calls and triton_ops.ops_for(torch.zeros(1, device=device)) is not None
     os.environ.pop("SPECSERVE_DISABLE_TRITON_OPS")
 
 
