@@ -95,6 +95,18 @@ profile() {
     true
 }
 
+# A short recheck (under 2 minutes): the shipped defaults' profile, and the tests fixed after
+# the last gpu_tests.
+recheck() {
+    local gpu
+    gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+    timeout 60 python3 -m benchmarks.profile_step --methods none,ngram --steps 64 \
+        --output "$OUT/profile_step_defaults_${gpu}.json" >"$OUT/recheck.log" 2>&1
+    echo "== profile_step rc $?"
+    shard recheck_tests tests/engine/test_triton_ops.py \
+        "tests/engine/test_static_runner.py::test_a_padded_step_runs_few_kernels_per_layer"
+}
+
 # The GPU tests of what issue 45 changed: fused ops, Triton attention, padded steps, lossless
 # speculation, the model against transformers, the engine; four shards at once.
 gpu_tests() {
