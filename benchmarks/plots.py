@@ -104,3 +104,28 @@ def _y(value) -> float:
     if isinstance(value, dict):
         value = value.get("p50")
     return float("nan") if value is None else float(value)
+
+
+def draw_step_profiles(reports: dict[str, dict], path: str | Path) -> None:
+    """profile_step reports side by side: per label and method, a bar of the step's ms split into
+    device-busy time and the host phases the device did not hide (a stacked bar each)."""
+    pyplot = _pyplot()
+    bars = [(f"{label}\n{method}", result) for label, report in reports.items()
+            for method, result in report["results"].items() if "ms_per_step" in result]
+    figure, axis = pyplot.subplots(figsize=(1.6 + 1.3 * len(bars), 4.2))
+    for x, (_name, result) in enumerate(bars):
+        busy = result.get("device_busy_ms_per_step") or 0.0
+        exposed = max(result["ms_per_step"] - busy, 0.0)
+        axis.bar(x, busy, color="#4c72b0", label="device busy" if x == 0 else None)
+        axis.bar(x, exposed, bottom=busy, color="#dd8452",
+                 label="host time not hidden" if x == 0 else None)
+        axis.text(x, busy + exposed, f"{result['ms_per_step']:.2f} ms\n"
+                  f"{result.get('kernels_per_step') or 0:.0f} kernels", ha="center",
+                  va="bottom", fontsize=8)
+    axis.set_xticks(range(len(bars)), [name for name, _ in bars], fontsize=8)
+    axis.set_ylabel("ms per batch-1 decode step")
+    axis.legend(fontsize=8)
+    axis.set_ylim(0, 1.25 * max(r["ms_per_step"] for _, r in bars))
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    pyplot.close(figure)

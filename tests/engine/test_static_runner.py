@@ -150,10 +150,10 @@ def test_a_padded_step_runs_few_kernels_per_layer(tiny_chat_model_folder, monkey
     forward, run = layer.forward, runner.run
 
     def counted_forward(*args, **kwargs):
+        triton_calls.clear()  # the other layers' launches are not this one's
         with KernelCount() as count:
             out = forward(*args, **kwargs)
         counts.append(count.ops + triton_calls)
-        triton_calls.clear()
         return out
 
     # Triton kernels are no aten ops: count their launches beside the dispatched ops.
