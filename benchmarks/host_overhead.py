@@ -87,13 +87,18 @@ class PhaseTimer:
         llm.engine.step = counted_step
 
     def _timed(self, phase, function):
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.seconds[phase] += time.perf_counter() - started
-        return timed
+        return timed_into(self.seconds, phase, function)
+
+
+def timed_into(seconds: collections.Counter, phase: str, function):
+    """`function`, wrapped so that each call adds its wall time to seconds[phase]."""
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            seconds[phase] += time.perf_counter() - started
+    return timed
 
 
 class KernelCount(TorchDispatchMode):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.host_overhead import timed_into
 from benchmarks.machine import device_facts
 from benchmarks.report import emit
 from benchmarks.workloads import encode, load_workloads
@@ -72,17 +73,8 @@ class PhaseClock:
                     owner = getattr(owner, name, None)
             if owner is not None and hasattr(owner, attribute):
                 original = getattr(owner, attribute)
-                setattr(owner, attribute, self._timed(phase, original))
+                setattr(owner, attribute, timed_into(self.seconds, phase, original))
                 self._undo.append((owner, attribute, original))
-
-    def _timed(self, phase, function):
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.seconds[phase] += time.perf_counter() - started
-        return timed
 
     def self_times(self, step_seconds: float, steps: int) -> dict[str, float]:
         """ms per step of each phase, nested phases taken out of their callers; `other` is what

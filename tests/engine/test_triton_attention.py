@@ -4,25 +4,15 @@ interpreter must be chosen before triton is imported)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import TEST_DEVICE
+from tests.engine.interpreted import run_interpreted
 
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _interpreted(*args: str) -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "tests.engine.triton_attention_cases", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-4000:]
 
 
 def test_kernel_matches_the_torch_backend():
@@ -32,7 +22,7 @@ def test_kernel_matches_the_torch_backend():
         compare_kernel(TEST_DEVICE, torch.float32, tolerance=1e-5)
         compare_kernel(TEST_DEVICE, torch.bfloat16, tolerance=2e-2)
     else:
-        _interpreted("kernel")
+        run_interpreted("tests.engine.triton_attention_cases", "kernel")
 
 
 def test_engine_with_the_triton_backend_gives_the_torch_backends_tokens(tiny_chat_model_folder):
@@ -41,7 +31,7 @@ def test_engine_with_the_triton_backend_gives_the_torch_backends_tokens(tiny_cha
 
         compare_engine(TEST_DEVICE, str(tiny_chat_model_folder))
     else:
-        _interpreted("engine", str(tiny_chat_model_folder))
+        run_interpreted("tests.engine.triton_attention_cases", "engine", str(tiny_chat_model_folder))
 
 
 def test_missing_triton_is_a_one_line_error(monkeypatch):

@@ -4,25 +4,13 @@ chosen before triton is imported)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from tests.conftest import TEST_DEVICE
+from tests.engine.interpreted import run_interpreted
 
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _interpreted(*args: str) -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "tests.engine.triton_ops_cases", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-4000:]
 
 
 def test_fused_ops_match_the_torch_path():
@@ -32,7 +20,7 @@ def test_fused_ops_match_the_torch_path():
         compare_kernels(TEST_DEVICE, torch.float32, tolerance=1e-5)
         compare_kernels(TEST_DEVICE, torch.bfloat16, tolerance=2e-2)
     else:
-        _interpreted("kernels")
+        run_interpreted("tests.engine.triton_ops_cases", "kernels")
 
 
 def test_engine_with_fused_ops_gives_the_torch_paths_tokens(tiny_chat_model_folder):
@@ -41,7 +29,7 @@ def test_engine_with_fused_ops_gives_the_torch_paths_tokens(tiny_chat_model_fold
 
         compare_engine(TEST_DEVICE, str(tiny_chat_model_folder))
     else:
-        _interpreted("engine", str(tiny_chat_model_folder))
+        run_interpreted("tests.engine.triton_ops_cases", "engine", str(tiny_chat_model_folder))
 
 
 def test_ops_stay_off_where_they_do_not_apply(monkeypatch):

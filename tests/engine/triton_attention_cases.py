@@ -7,7 +7,6 @@ interpreter must be chosen before triton is imported, so the CPU run needs a fre
 
 from __future__ import annotations
 
-import sys
 
 import torch
 
@@ -111,12 +110,7 @@ def compare_engine(device: torch.device, model_folder: str) -> None:
 
 
 if __name__ == "__main__":
-    import engine.quant.kernels as kernels
+    from tests.engine.interpreted import main
 
-    kernels.load_kernel = lambda: None  # the torch path CUDA runs, as the reference
-    cpu = torch.device("cpu")
-    if sys.argv[1] == "kernel":
-        compare_kernel(cpu, torch.float32, tolerance=1e-5)
-    else:
-        compare_engine(cpu, sys.argv[2])
-    print("ok")
+    main({"kernel": lambda: compare_kernel(torch.device("cpu"), torch.float32, tolerance=1e-5),
+          "engine": lambda folder: compare_engine(torch.device("cpu"), folder)})

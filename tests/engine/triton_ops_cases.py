@@ -8,7 +8,6 @@ interpreter must be chosen before triton is imported, so the CPU run needs a fre
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
 
@@ -102,12 +101,7 @@ def compare_engine(device: torch.device, model_folder: str) -> None:
 
 
 if __name__ == "__main__":
-    import engine.quant.kernels as kernels
+    from tests.engine.interpreted import main
 
-    kernels.load_kernel = lambda: None  # the torch path CUDA runs
-    cpu = torch.device("cpu")
-    if sys.argv[1] == "kernels":
-        compare_kernels(cpu, torch.float32, tolerance=1e-5)
-    else:
-        compare_engine(cpu, sys.argv[2])
-    print("ok")
+    main({"kernels": lambda: compare_kernels(torch.device("cpu"), torch.float32, tolerance=1e-5),
+          "engine": lambda folder: compare_engine(torch.device("cpu"), folder)})
