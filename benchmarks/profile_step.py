@@ -33,22 +33,26 @@ from benchmarks.report import emit
 from benchmarks.workloads import encode, load_workloads
 
 # phase -> (owner path from the engine, attribute). Nested phases are subtracted from their
-# callers below, so each phase is self time.
-PHASES = {
-    "schedule": ("scheduler", "schedule"),
-    "propose": ("speculation", "propose"),
-    "prepare": ("static_runner", "prepare"),
-    "prepare_flat": ("@engine.engine", "build_model_input"),
-    "forward": ("static_runner", "run"),
-    "forward_flat": ("runner", "execute"),
-    "lm_head": ("runner.model", "logits"),
-    "sample": ("@engine.engine", "verify_requests"),
-    "host_read": ("@engine.spec_decode.verifier", "read_tokens"),
-    "observe": ("speculation", "observe"),
-    "update": ("scheduler", "update_from_output"),
-    "emit": ("", "_emit"),
-    "output": ("", "_output"),
-}
+# callers below, so each phase is self time. Overlapped steps (engine/overlap.py) have their own
+# names for the same phases.
+PHASES = [
+    ("schedule", "scheduler", "schedule"),
+    ("propose", "speculation", "propose"),
+    ("prepare", "static_runner", "prepare"),
+    ("prepare_flat", "@engine.engine", "build_model_input"),
+    ("prepare_flat", "@engine.overlap", "build_model_input"),
+    ("forward", "static_runner", "run"),
+    ("forward_flat", "runner", "execute"),
+    ("lm_head", "runner.model", "logits"),
+    ("sample", "@engine.engine", "verify_requests"),
+    ("sample", "@engine.overlap", "sample_on_device"),
+    ("host_read", "@engine.spec_decode.verifier", "read_tokens"),
+    ("host_read", "@engine.device", "PendingRead.result"),
+    ("observe", "speculation", "observe"),
+    ("update", "scheduler", "update_from_output"),
+    ("emit", "", "_emit"),
+    ("output", "", "_output"),
+]
 NESTED = {"forward": ["lm_head"], "forward_flat": ["lm_head"], "sample": ["host_read"],
           "emit": ["output"]}
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -64,13 +68,16 @@ class PhaseClock:
 
         self.seconds: collections.Counter[str] = collections.Counter()
         self._undo = []
-        for phase, (path, attribute) in PHASES.items():
+        for phase, path, attribute in PHASES:
             if path.startswith("@"):
                 owner = importlib.import_module(path[1:])
             else:
                 owner = engine
                 for name in filter(None, path.split(".")):
                     owner = getattr(owner, name, None)
+            *classes, attribute = attribute.split(".")
+            for name in classes:
+                owner = getattr(owner, name, None)
             if owner is not None and hasattr(owner, attribute):
                 original = getattr(owner, attribute)
                 setattr(owner, attribute, timed_into(self.seconds, phase, original))
@@ -149,7 +156,8 @@ def profile_method(model: str, method: str, args, device) -> dict:
     # One sequence, a short context: few graph shapes to capture at start.
     options = {"speculative_method": method, "enable_prefix_caching": False,
                "kv_cache_memory_gib": 1.0, "dtype": args.dtype, "max_num_seqs": 1,
-               "max_model_len": 2048, "attention_backend": args.attention_backend}
+               "max_model_len": 2048, "attention_backend": args.attention_backend,
+               "async_scheduling": {"on": True, "off": False}.get(args.async_scheduling)}
     llm = LLM(model, **options)
     engine = llm.engine
     prompt_ids = encode(llm.tokenizer, load_workloads(args.workload, 1)[0])
@@ -185,6 +193,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    parser.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"],
+                        help="overlapped steps (auto: on for CUDA)")
     parser.add_argument("--output")
     args = parser.parse_args()
     from engine.device import pick_device
@@ -209,7 +219,8 @@ def main() -> None:
     emit({"benchmark": "profile_step", "date": time.strftime("%Y-%m-%d"),
           **device_facts(device),
           "config": {"model": args.model or "default (SmolLM2-135M-Instruct)", "dtype": args.dtype,
-                     "attention_backend": args.attention_backend, "steps": args.steps, "repeats": args.repeats, "workload": args.workload,
+                     "attention_backend": args.attention_backend,
+                     "async_scheduling": args.async_scheduling, "steps": args.steps, "repeats": args.repeats, "workload": args.workload,
                      "batch": 1, "greedy": True},
           "results": results}, args.output)
 

@@ -81,6 +81,9 @@ class SchedulerConfig:
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    # Overlap: launch step N+1 before reading step N's tokens (engine/overlap.py). None: on
+    # for CUDA, off on CPU.
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -116,6 +116,29 @@ class StagedCopy:
         return out
 
 
+class PendingRead:
+    """Tokens on their way to the host: the copy was queued behind the kernels that make them,
+    and `result()` waits for it alone (not for work queued later)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        if tensor.device.type == "cpu":
+            self._host, self._event = tensor, None
+            return
+        self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        self._host.copy_(tensor, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def result(self) -> list:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.tolist()
+
+
+def start_read(tensor: torch.Tensor) -> PendingRead:
+    return PendingRead(tensor)
+
+
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """One host tensor (any dtype) to `device` without making the host wait."""
     if device.type == "cpu":

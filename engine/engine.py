@@ -26,6 +26,7 @@ from engine.memory import num_kv_blocks
 from engine.model_runner import ModelRunner, build_model_input
 from engine.models.loader import load_model
 from engine.outputs import RequestOutput, TokenLogprob
+from engine.overlap import OverlappedSteps, uses_async_scheduling
 from engine.request import Request, RequestStatus
 from engine.sampler import compute_logprobs
 from engine.sampling_params import SamplingParams
@@ -99,6 +100,8 @@ class LLMEngine:
         self._stat_listeners: list = []
         self._recorder = StepRecorder(self.scheduler, self.block_manager)
         self._ids = itertools.count()
+        self.overlap = OverlappedSteps(self) if uses_async_scheduling(
+            config.scheduler.async_scheduling, self.device) else None
         logger.info("engine ready: model %s, %s on %s, %d KV blocks of %d tokens, speculation: %s",
                     self.model_name, str(self.dtype).removeprefix("torch."), self.device,
                     self.limits.num_kv_blocks, self.limits.block_size,
@@ -173,8 +176,11 @@ class LLMEngine:
         state = self._states.pop(request_id, None)
         if state is None:
             return None
-        self.scheduler.abort(state.request)
-        self._finished(state.request)
+        request = state.request
+        if request.num_placeholder_tokens:  # tokens still in flight are never shown
+            request.truncate_output(request.num_output_tokens - request.num_placeholder_tokens)
+        self.scheduler.abort(request)
+        self._finished(request)
         return self._output(state, [], "", None)
 
     def add_stat_listener(self, listener) -> None:
@@ -193,10 +199,15 @@ class LLMEngine:
         return list(self._states)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        in_flight = self.overlap is not None and self.overlap.in_flight is not None
+        return self.scheduler.num_unfinished > 0 or in_flight
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
+        if self.overlap is not None:  # plain decode steps overlap (engine/overlap.py)
+            outputs = self.overlap.step()
+            if outputs is not None:
+                return outputs
         lookahead = self.controller.lookahead if self.controller is not None else None
         self._recorder.start()
         plan = self.scheduler.schedule(lookahead)
@@ -237,20 +248,24 @@ class LLMEngine:
         latencies = [now - r.last_token_time for r in requests if r.last_token_time is not None]
         new_prompt_tokens = sum(r.num_prompt_tokens for r in requests
                                 if r.first_token_time is None and r.num_output_tokens)
-        outputs = [self._emit(request, before, row_start, logits, now)
+        outputs = [self._emit(request, before, row_start, logits, now,
+                              request.output_token_ids[before:])
                    for request, before, row_start
                    in zip(requests, num_before, model_input.logits_row_starts)]
-        if self._stat_listeners:
-            step_stats = self._recorder.finish(
-                plan, new_prompt_tokens, sum(len(o.delta_token_ids) for o in outputs), latencies)
-            for listener in self._stat_listeners:
-                listener.on_step(step_stats)
+        self._report_step(plan, new_prompt_tokens, outputs, latencies)
         return outputs
 
+    def _report_step(self, plan, num_prompt_tokens: int, outputs, latencies) -> None:
+        if self._stat_listeners:
+            step_stats = self._recorder.finish(
+                plan, num_prompt_tokens, sum(len(o.delta_token_ids) for o in outputs), latencies)
+            for listener in self._stat_listeners:
+                listener.on_step(step_stats)
+
     def _emit(self, request: Request, num_before: int, row_start: int,
-              logits: torch.Tensor, now: float) -> RequestOutput:
+              logits: torch.Tensor, now: float, new_ids: list[int]) -> RequestOutput:
+        """`new_ids`: the step's tokens of this request, from output position `num_before`."""
         state = self._states[request.request_id]
-        new_ids = request.output_token_ids[num_before:]
         if new_ids:
             if request.first_token_time is None:
                 request.first_token_time = now

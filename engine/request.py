@@ -49,6 +49,9 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_prompt_tokens: int = 0  # prefix-cache hit at the last admission
     num_preemptions: int = 0
+    # Output tokens at the end still in flight on the device (engine/overlap.py PLACEHOLDER):
+    # sampled by a launched step, not read back yet (writer: the engine).
+    num_placeholder_tokens: int = 0
 
     # Speculation. Drafts for this step (writer: the engine, from the proposer); the draft model's
     # own KV progress (writer: the draft-model proposer; reset on preemption by the scheduler);
@@ -99,6 +102,8 @@ class Request:
         text inside a run of accepted drafts)."""
         if num_output_tokens < len(self.output_token_ids):
             self.num_truncations += 1
+            removed = len(self.output_token_ids) - num_output_tokens
+            self.num_placeholder_tokens = max(0, self.num_placeholder_tokens - removed)
         del self.output_token_ids[num_output_tokens:]
         del self.all_token_ids[self.num_prompt_tokens + num_output_tokens:]
 

@@ -184,7 +184,7 @@ class Scheduler:
             status = None
             for token_id in emitted:
                 request.append_output_token(token_id)
-                status = self._stop_status(request, token_id)
+                status = self.stop_status(request, token_id)
                 if status is not None:
                     break
             if status is not None:
@@ -197,15 +197,20 @@ class Scheduler:
             self.block_manager.release_behind_window(request)
         return finished
 
-    def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
+    def stop_status(self, request: Request, token_id: int,
+                    num_output_tokens: int | None = None) -> RequestStatus | None:
+        """What `token_id` ends, as the `num_output_tokens`-th output token (default: the
+        request's last)."""
+        if num_output_tokens is None:
+            num_output_tokens = request.num_output_tokens
         params = request.sampling_params
         if token_id in params.stop_token_ids:
             request.stop_reason = token_id  # as vLLM: set for stop tokens, None for EOS
             return RequestStatus.FINISHED_STOPPED
         if token_id in request.eos_token_ids and not params.ignore_eos:
             return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens \
-                or request.num_tokens >= self.max_model_len:
+        if num_output_tokens >= params.max_tokens \
+                or request.num_prompt_tokens + num_output_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 

@@ -112,6 +112,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="share of the GPU's total memory this server may use: weights, "
                         "activations and KV cache (default: %(default)s)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlap: launch the next decode step before reading this one's tokens "
+                        "(plain decode steps; default: on for CUDA, off on CPU)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: decode and verify steps launch their kernels one by one")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
@@ -168,6 +171,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         quantization=args.quantization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        async_scheduling=args.async_scheduling,
         kv_cache_memory_gib=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         attention_backend=args.attention_backend,

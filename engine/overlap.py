@@ -1,0 +1,183 @@
+"""Overlapped decode steps (async scheduling): the host prepares and launches step N+1 while the
+device still runs step N, as vLLM v1's async scheduler and SGLang's overlap scheduler do.
+
+On a GPU a decode step's host work (schedule, build inputs, detokenize, emit) ran in series with
+the device: an H100 profile of the default model showed ~0.45 ms of host time a step that
+nothing hid (docs/gpu.md). Here a step:
+1. schedules N+1 as if N's tokens were known: each request of N holds a placeholder token
+   (PLACEHOLDER) at the output position N samples, so counts, positions and KV slots are right;
+2. builds N+1's inputs; the placeholders' rows are filled on the device from N's sampled tokens
+   (`index_copy_` from N's token tensor), so nothing waits for them;
+3. launches N+1 (forward and sampling) and starts the copy of its tokens to the host;
+4. only then reads N's tokens (the device has N+1 queued behind them), puts them in place of
+   the placeholders, checks stop conditions and emits.
+
+A stop found late (EOS, a stop token or string) has already been scheduled one token further:
+that token is dropped when it lands (its request is finished), and the client never sees it.
+Its KV writes land in blocks the request just freed; any later step that reuses those blocks
+runs after it on the device's stream.
+
+Which steps overlap: plain decode steps, where a token's value is not needed to build the next
+step. Speculation (drafts are built from the tokens), grammars (the next mask follows the
+token), penalties and logit bias (computed from the tokens), admissions (prefill) and steps that
+could preempt fall back to a synchronous step after the step in flight lands. Seeded sampling
+is the same as without overlap: each row's generator is keyed by the output position it samples,
+and placeholders keep that position.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.device import PendingRead, copy_to_device, start_read
+from engine.model_runner import build_model_input
+from engine.outputs import RequestOutput
+from engine.request import Request
+from engine.sampler import TokenHistory, build_sampling_batch, choose_tokens, process_logits
+from engine.scheduler import SchedulerOutput
+
+PLACEHOLDER = -1  # a sampled token not yet read back; never fed to the model as it is
+
+
+@dataclass
+class InFlight:
+    """A launched step whose tokens the host has not read."""
+
+    plan: SchedulerOutput
+    requests: list[Request]  # the step's sampling requests, one logits row each
+    positions: list[int]  # per request, the output index its token fills
+    row_starts: list[int]  # per request, its logits row
+    logits: torch.Tensor  # kept for logprobs
+    tokens: torch.Tensor  # [num_requests] on the device: what feeds the next step
+    read: PendingRead  # the same tokens, on their way to the host
+
+
+def uses_async_scheduling(setting: bool | None, device: torch.device) -> bool:
+    """`--async-scheduling` as set; by default on CUDA only (on a CPU the host computes the
+    forward itself, so there is nothing to overlap)."""
+    return device.type == "cuda" if setting is None else setting
+
+
+class OverlappedSteps:
+    def __init__(self, engine):
+        self.engine = engine
+        self.in_flight: InFlight | None = None
+        self.num_overlapped = 0  # steps launched before the previous one landed, since start
+
+    def step(self) -> list[RequestOutput] | None:
+        """One overlapped step: launches the next step, then lands the one in flight and returns
+        its outputs. None where the next step cannot overlap and nothing is in flight: the
+        caller runs a synchronous step."""
+        previous, self.in_flight = self.in_flight, None
+        if not self._applies():
+            return None if previous is None else self._land(previous)
+        engine = self.engine
+        engine._recorder.start()
+        plan = engine.scheduler.schedule(None)
+        static = engine.static_runner
+        if static is not None and not static.fits(plan.scheduled):
+            static = None
+        model_input = static.prepare(plan.scheduled) if static is not None \
+            else build_model_input(plan.scheduled, engine.limits.block_size, engine.device)
+        self._feed_placeholders(plan, model_input, static, previous)
+        requests = [plan.scheduled[i].request for i in model_input.logits_owners]
+        if static is not None:
+            _hidden, logits = static.run(model_input)
+        else:
+            _hidden, logits = engine.runner.execute(model_input, {})
+        tokens = sample_on_device(requests, logits, engine.generator)
+        positions = []
+        for request in requests:  # the step's token is in flight: hold its place
+            positions.append(request.num_output_tokens)
+            request.append_output_token(PLACEHOLDER)
+            request.num_placeholder_tokens += 1
+            request.num_computed_tokens += 1
+        self.in_flight = InFlight(plan, requests, positions, model_input.logits_row_starts,
+                                  logits, tokens, start_read(tokens))
+        if previous is not None:
+            self.num_overlapped += 1
+            return self._land(previous)
+        return []
+
+    def _applies(self) -> bool:
+        """Whether the next step can be built without the tokens in flight: every running
+        request decodes plainly, none is at its length limit, nobody waits to be admitted, and
+        the free blocks hold every request's next token (so scheduling cannot preempt)."""
+        engine = self.engine
+        scheduler, blocks = engine.scheduler, engine.block_manager
+        if engine.speculation is not None or scheduler.waiting or not scheduler.running:
+            return False
+        if len(scheduler.running) > engine.config.scheduler.max_num_batched_tokens:
+            return False
+        needed = 0
+        for request in scheduler.running:
+            params = request.sampling_params
+            if (request.grammar is not None or params.needs_penalties or params.logit_bias
+                    or request.num_tokens - request.num_computed_tokens != 1
+                    or request.num_output_tokens >= params.max_tokens
+                    or request.num_tokens >= engine.limits.max_model_len):
+                return False
+            needed += max(blocks.num_blocks_for(request.num_tokens) - len(request.block_table), 0)
+        return needed <= blocks.num_free_blocks
+
+    def _feed_placeholders(self, plan, model_input, static, previous: InFlight | None) -> None:
+        """Writes, on the device, the tokens in flight into the rows that feed them."""
+        if previous is None:
+            return
+        source = {id(request): i for i, request in enumerate(previous.requests)}
+        rows, sources = [], []
+        for scheduled, row in zip(plan.scheduled, model_input.token_row_starts):
+            request = scheduled.request
+            if request.all_token_ids[request.num_computed_tokens] == PLACEHOLDER:
+                rows.append(row)
+                sources.append(source[id(request)])
+        if not rows:
+            return
+        target = static.input_ids if static is not None else model_input.input_ids
+        rows_t, sources_t = copy_to_device([torch.tensor(rows), torch.tensor(sources)],
+                                           target.device)
+        target.index_copy_(0, rows_t, previous.tokens.index_select(0, sources_t))
+
+    def _land(self, flight: InFlight) -> list[RequestOutput]:
+        """Reads a step's tokens, puts them in place of their placeholders, finishes what they
+        stop and emits them. Tokens of requests finished meanwhile (stopped by the token before,
+        or aborted) are dropped."""
+        engine = self.engine
+        scheduler = engine.scheduler
+        now = time.monotonic()
+        outputs, latencies, num_prompt_tokens = [], [], 0
+        for request, position, token, row_start in zip(
+                flight.requests, flight.positions, flight.read.result(), flight.row_starts):
+            if request.is_finished:
+                continue
+            request.output_token_ids[position] = token
+            request.all_token_ids[request.num_prompt_tokens + position] = token
+            request.num_placeholder_tokens -= 1
+            if request.last_token_time is not None:
+                latencies.append(now - request.last_token_time)
+            elif request.first_token_time is None:
+                num_prompt_tokens += request.num_prompt_tokens
+            status = scheduler.stop_status(request, token, position + 1)
+            if status is not None:  # the tokens scheduled past it are dropped
+                scheduler.finish(request, status, num_output_tokens=position + 1)
+            else:
+                engine.block_manager.cache_full_blocks(request, request.num_computed_tokens)
+                engine.block_manager.release_behind_window(request)
+            outputs.append(engine._emit(request, position, row_start, flight.logits, now,
+                                        [token]))
+        engine._report_step(flight.plan, num_prompt_tokens, outputs, latencies)
+        return outputs
+
+
+def sample_on_device(requests: list[Request], logits: torch.Tensor,
+                     generator: torch.Generator) -> torch.Tensor:
+    """One token per request from its logits row, left on the device: the same processing and
+    the same draws as a synchronous step's (verifier.verify without drafts)."""
+    batch = build_sampling_batch(
+        [r.sampling_params for r in requests], [r.prompt_token_ids for r in requests],
+        [TokenHistory(r.output_token_ids, [], 0) for r in requests], logits.shape[-1],
+        logits.device, generator)
+    return choose_tokens(process_logits(logits, batch), batch)
