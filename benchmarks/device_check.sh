@@ -79,8 +79,12 @@ profile() {
     timeout 75 python3 -m benchmarks.profile_step --methods none,ngram,eagle --steps 64 \
         --output "$OUT/profile_step_${gpu}.json" >>"$log" 2>&1
     echo "== profile_step rc $?"
+    timeout 40 python3 -m benchmarks.profile_step --methods none --async-scheduling off \
+        --output "$OUT/profile_step_no_overlap_${gpu}.json" >>"$log" 2>&1
+    echo "== profile_step without overlap rc $?"
     SPECSERVE_DISABLE_TRITON_OPS=1 timeout 40 python3 -m benchmarks.profile_step --methods none \
-        --attention-backend torch --output "$OUT/profile_step_torch_path_${gpu}.json" >>"$log" 2>&1
+        --attention-backend torch --async-scheduling off \
+        --output "$OUT/profile_step_torch_path_${gpu}.json" >>"$log" 2>&1
     echo "== profile_step torch path rc $?"
     timeout 45 python3 -m benchmarks.real_size --attention-backend triton \
         --acceptance benchmarks/results/spec_matrix_h100_2026-11-26.json \
@@ -112,12 +116,12 @@ recheck() {
 gpu_tests() {
     shard ops tests/engine/test_triton_ops.py tests/engine/test_triton_attention.py \
         tests/engine/test_static_runner.py &
-    shard spec tests/engine/test_spec_decode_engine.py &
+    shard spec tests/engine/test_spec_decode_engine.py tests/engine/test_overlap.py &
     shard models tests/engine/test_models.py &
     shard engine tests/engine/test_engine.py tests/engine/test_bfloat16.py &
     wait
     grep -h -E "^(FAILED|ERROR)" "$OUT"/*.log | cut -c1-220 | head -30
-    # one log back, not four (a call returns at most 8 files)
+    # one log back, not four (a call returns at most 8 files: profile writes 6)
     for name in ops spec models engine; do cat "$OUT/$name.log"; done >"$OUT/gpu_tests.log"
     rm -f "$OUT"/{ops,spec,models,engine}.log
 }
