@@ -111,9 +111,11 @@ class BlockManager:
         `cached_block_ids` (only for a request that holds no blocks yet) are prefix-cache hits that
         become the head of its table. Returns False, changing nothing, when blocks are short.
         """
+        num_needed = self.num_blocks_for(request.num_computed_tokens + num_new_tokens)
+        if not cached_block_ids and num_needed <= len(request.block_table):
+            return True  # most decode steps: the table holds the new token already
         cached_block_ids = cached_block_ids or []
         assert not cached_block_ids or not request.block_table, "prefix hits only on admission"
-        num_needed = self.num_blocks_for(request.num_computed_tokens + num_new_tokens)
         num_fresh = num_needed - len(request.block_table) - len(cached_block_ids)
         # Cached hits that sit in the evictable pool stop being available to fresh allocations.
         num_hits_evictable = sum(1 for b in cached_block_ids if self.ref_counts[b] == 0)

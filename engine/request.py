@@ -24,7 +24,9 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in _FINISHED
+        # read for every request several times a step: an attribute, not a set lookup (an
+        # enum member's hash is a Python-level call)
+        return self._finished
 
 
 _FINISHED = {
@@ -32,6 +34,8 @@ _FINISHED = {
     RequestStatus.FINISHED_LENGTH,
     RequestStatus.FINISHED_ABORTED,
 }
+for _status in RequestStatus:
+    _status._finished = _status in _FINISHED
 
 
 @dataclass(eq=False)  # identity, not field equality: two requests are never the same
