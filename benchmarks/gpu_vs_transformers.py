@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from benchmarks.offline import Run, compare_kind, measure_kind, ours
 from benchmarks.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
-from engine.device import synchronize
+from engine.core.device import synchronize
 from engine.models.loader import resolve_model_folder
 
 

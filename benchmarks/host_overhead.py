@@ -35,7 +35,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 PHASES = {  # phase -> (owner path, attribute) wrapped with a timer
     "schedule": ("engine.scheduler", "schedule"),
     "prepare_padded": ("engine.static_runner", "prepare"),
+    # the flat step's inputs: a free function the engine called, or (newer trees) its runner's
     "prepare_flat": ("engine_module", "build_model_input"),
+    "prepare_flat_runner": ("engine.runner", "prepare"),
     "forward_padded": ("engine.static_runner", "run"),
     "forward_flat": ("engine.runner", "execute"),
     "sample": ("engine_module", "verify_requests"),
@@ -78,7 +80,8 @@ class PhaseTimer:
             for name in rest:
                 owner = getattr(owner, name, None)
             if owner is not None and hasattr(owner, attribute):
-                setattr(owner, attribute, self._timed(phase, getattr(owner, attribute)))
+                setattr(owner, attribute,
+                        self._timed(phase.removesuffix("_runner"), getattr(owner, attribute)))
         step = llm.engine.step
 
         def counted_step():

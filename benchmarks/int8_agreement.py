@@ -13,7 +13,7 @@ perplexity.
 
 from __future__ import annotations
 
-import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
+import engine  # noqa: F401  # isort: skip  (first: it sets OpenMP's wait policy before torch loads)
 
 import argparse
 import json
@@ -28,7 +28,7 @@ import torch
 from benchmarks.machine import cpu_model
 from benchmarks.workloads import DATA, _read_jsonl
 from engine.attention.metadata import build_attention_metadata
-from engine.kv_cache import KVCache
+from engine.core.kv_cache import KVCache
 from engine.models.loader import default_model_path, load_model
 from engine.quant.kernels import load_kernel
 

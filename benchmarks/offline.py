@@ -33,9 +33,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from benchmarks.report import finish
 from benchmarks.workloads import encode, load_workloads
 from engine import LLM, SamplingParams
-from engine.memory import CPU_KV_CACHE_GIB
+from engine.core.memory import CPU_KV_CACHE_GIB
+from engine.metrics.spec_stats import SpecStats
 from engine.models.loader import cache_dir, resolve_model_folder
-from engine.spec_decode.stats import SpecStats
 
 OUR_METHODS = ("none", "ngram", "layer-skip", "draft")
 HF_MODES = ("plain", "pld", "assistant")

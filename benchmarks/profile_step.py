@@ -33,21 +33,20 @@ from benchmarks.report import emit
 from benchmarks.workloads import encode, load_workloads
 
 # phase -> (owner path from the engine, attribute). Nested phases are subtracted from their
-# callers below, so each phase is self time. Overlapped steps (engine/overlap.py) have their own
+# callers below, so each phase is self time. Overlapped steps (engine/runner/overlap.py) have their own
 # names for the same phases.
 PHASES = [
     ("schedule", "scheduler", "schedule"),
     ("propose", "speculation", "propose"),
     ("prepare", "static_runner", "prepare"),
-    ("prepare_flat", "@engine.engine", "build_model_input"),
-    ("prepare_flat", "@engine.overlap", "build_model_input"),
+    ("prepare_flat", "runner", "prepare"),
     ("forward", "static_runner", "run"),
     ("forward_flat", "runner", "execute"),
     ("lm_head", "runner.model", "logits"),
     ("sample", "@engine.engine", "verify_requests"),
-    ("sample", "@engine.overlap", "sample_on_device"),
-    ("host_read", "@engine.spec_decode.verifier", "read_tokens"),
-    ("host_read", "@engine.device", "PendingRead.result"),
+    ("sample", "@engine.runner.overlap", "sample_on_device"),
+    ("host_read", "@engine.sample.verifier", "read_tokens"),
+    ("host_read", "@engine.core.device", "PendingRead.result"),
     ("observe", "speculation", "observe"),
     ("update", "scheduler", "update_from_output"),
     ("emit", "", "_emit"),
@@ -197,7 +196,7 @@ def main() -> None:
                         help="overlapped steps (auto: on for CUDA)")
     parser.add_argument("--output")
     args = parser.parse_args()
-    from engine.device import pick_device
+    from engine.core.device import pick_device
 
     device = pick_device(None)
     model = args.model

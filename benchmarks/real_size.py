@@ -92,7 +92,7 @@ def timed(function, device: torch.device, iters: int) -> float:
 def step_seconds(runner, num_seqs: int, query_len: int, context: int, iters: int) -> float:
     """One padded step of `num_seqs` sequences feeding `query_len` tokens each at `context`
     tokens of context, every row's logits computed; each sequence owns its own blocks."""
-    from engine.static_runner import StaticStep, StepShape, bucket_for, power_of_two_bucket
+    from engine.runner.static_runner import StaticStep, StepShape, bucket_for, power_of_two_bucket
 
     bs = runner.block_size
     blocks_per_seq = -(-context // bs)
@@ -146,9 +146,9 @@ def main() -> None:
     parser.add_argument("--acceptance", help="a spec_matrix JSON to project speedups from")
     parser.add_argument("--output")
     args = parser.parse_args()
-    from engine.device import DTYPES, pick_device
-    from engine.kv_cache import KVCache
-    from engine.static_runner import StaticStepRunner
+    from engine.core.device import DTYPES, pick_device
+    from engine.core.kv_cache import KVCache
+    from engine.runner.static_runner import StaticStepRunner
 
     device, dtype = pick_device(None), DTYPES[args.dtype]
     config = LLAMA3_8B if args.config == "llama3-8b" else json.loads(Path(args.config).read_text())

@@ -35,9 +35,9 @@ from benchmarks.offline import build_truncated_draft
 from benchmarks.report import taking_turns
 from benchmarks.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
-from engine.memory import CPU_KV_CACHE_GIB
+from engine.core.memory import CPU_KV_CACHE_GIB
+from engine.metrics.spec_stats import SpecStats
 from engine.models.loader import resolve_model_folder
-from engine.spec_decode.stats import SpecStats
 
 METHODS = ("none", "ngram", "eagle", "eagle-head", "layer-skip", "draft")
 

@@ -34,17 +34,17 @@ import time
 import torch
 from transformers import AutoTokenizer
 
+import engine.engine as engine_module
 from benchmarks.json_workload import SHAPES, is_valid, load_json_items
 from benchmarks.machine import cpu_model
 from benchmarks.report import emit, taking_turns
 from engine import LLM, SamplingParams
+from engine.core.memory import CPU_KV_CACHE_GIB
 from engine.grammar import GrammarMatcher
-from engine.memory import CPU_KV_CACHE_GIB
+from engine.metrics.spec_stats import SpecStats
 from engine.models.loader import resolve_model_folder
-import engine.engine as engine_module
-from engine import sampler
+from engine.sample import sampler
 from engine.spec_decode import speculation
-from engine.spec_decode.stats import SpecStats
 
 METHODS = ("none", "ngram")
 

@@ -24,10 +24,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.device import release_freed_host_memory
+from engine.core.device import release_freed_host_memory
+from engine.core.request import Request
 from engine.engine import LLMEngine
 from engine.outputs import RequestOutput
-from engine.request import Request
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ class ModelConfig:
     # become; "none": dequantize to float weights.
     quantization: str = "auto"
     # Decode/verify steps laid out in fixed padded shapes over persistent buffers
-    # (engine/static_runner.py). None: on CUDA, where graphs replay them; off on CPU, where the
+    # (engine/runner/static_runner.py). None: on CUDA, where graphs replay them; off on CPU, where the
     # unpadded flat batch is cheaper.
     padded_steps: bool | None = None
     enforce_eager: bool = False  # no CUDA graphs: padded steps (if on) run eagerly
@@ -81,7 +81,7 @@ class SchedulerConfig:
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    # Overlap: launch step N+1 before reading step N's tokens (engine/overlap.py). None: on
+    # Overlap: launch step N+1 before reading step N's tokens (engine/runner/overlap.py). None: on
     # for CUDA, off on CPU.
     async_scheduling: bool | None = None
 

@@ -6,7 +6,6 @@ caller's thread.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import time
@@ -15,27 +14,29 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import triton_backend
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig, EngineLimits
-from engine.detokenizer import IncrementalDetokenizer
-from engine.device import free_memory_bytes, pick_device, pick_dtype, release_cached_memory
+from engine.core.block_manager import BlockManager
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.device import free_memory_bytes, pick_device, pick_dtype, release_cached_memory
+from engine.core.intake import check_fits, check_prompt_ids
+from engine.core.kv_cache import KVCache, bytes_per_block
+from engine.core.memory import num_kv_blocks
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
 from engine.grammar import GrammarCompiler
 from engine.grammar.masks import build_bitmask, known_next_tokens
-from engine.kv_cache import KVCache, bytes_per_block
-from engine.memory import num_kv_blocks
-from engine.model_runner import ModelRunner, build_model_input
+from engine.metrics.stats import StepRecorder, request_stats
 from engine.models.loader import load_model
 from engine.outputs import RequestOutput, TokenLogprob
-from engine.overlap import OverlappedSteps, uses_async_scheduling
-from engine.request import Request, RequestStatus
-from engine.sampler import compute_logprobs
+from engine.runner import runner_for
+from engine.runner.model_runner import ModelRunner
+from engine.runner.overlap import OverlappedSteps, uses_async_scheduling
+from engine.runner.static_runner import StaticStepRunner, uses_padded_steps
+from engine.sample.sampler import compute_logprobs
+from engine.sample.verifier import verify_requests
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
 from engine.spec_decode.factory import build_speculation
 from engine.spec_decode.speculation import Speculation
-from engine.spec_decode.verifier import verify_requests
-from engine.static_runner import StaticStepRunner, uses_padded_steps
-from engine.stats import StepRecorder, request_stats
 
 logger = logging.getLogger(__name__)
 
@@ -127,24 +128,8 @@ class LLMEngine:
             prompt_text, token_ids = prompt, self.tokenizer(prompt)["input_ids"]
         else:
             prompt_text, token_ids = None, list(prompt)
-            bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary "
-                                 f"[0, {self.vocab_size})")
-        if not token_ids:
-            raise ValueError("the prompt is empty")
-        total = len(token_ids) + params.max_tokens
-        if total > self.limits.max_model_len:
-            raise ValueError(
-                f"this model's maximum context length is {self.limits.max_model_len} tokens, but "
-                f"the prompt has {len(token_ids)} tokens and max_tokens is {params.max_tokens} "
-                f"({total} in all)")
-        capacity = self.limits.num_kv_blocks * self.limits.block_size
-        need = self.block_manager.peak_tokens(len(token_ids), total, self.config.scheduler
-                                              .max_num_batched_tokens, self.config.speculative)
-        if need > capacity:
-            raise ValueError(f"the request needs {need} tokens of KV cache but the whole cache "
-                             f"holds {capacity}; raise --kv-cache-memory or lower max_tokens")
+            check_prompt_ids(token_ids, self.vocab_size)
+        check_fits(token_ids, params, self.limits, self.block_manager, self.config)
         # A grammar is compiled once per constraint (the server compiles it before this, off
         # the engine's thread; here it is a cache hit and a copy).
         grammar = self.grammars.matcher(params.structured) if params.structured else None
@@ -204,7 +189,7 @@ class LLMEngine:
 
     # -------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        if self.overlap is not None:  # plain decode steps overlap (engine/overlap.py)
+        if self.overlap is not None:  # plain decode steps overlap (engine/runner/overlap.py)
             outputs = self.overlap.step()
             if outputs is not None:
                 return outputs
@@ -213,26 +198,19 @@ class LLMEngine:
         plan = self.scheduler.schedule(lookahead)
         if plan.is_empty:
             return []
-        # Decode/verify steps run padded where the engine has a padded layout (drafts, set
-        # below, stay within the lookahead the layout was sized for).
-        static = self.static_runner if self.static_runner is not None \
-            and self.static_runner.fits(plan.scheduled) else None
+        # Drafts, set here, stay within the lookahead a padded layout was sized for.
+        runner = runner_for(plan.scheduled, self.runner, self.static_runner)
         draft_probs = {}
         if self.speculation is not None:
-            padded_tokens = None if static is None \
-                else functools.partial(static.padded_tokens, len(plan.scheduled))
-            draft_probs = self.speculation.propose(plan, padded_tokens)
+            draft_probs = self.speculation.propose(plan, runner.row_cost(len(plan.scheduled)))
         started = time.perf_counter()
-        model_input = static.prepare(plan.scheduled) if static is not None \
-            else build_model_input(plan.scheduled, self.limits.block_size, self.device)
+        model_input = runner.prepare(plan.scheduled)
         owners, row_starts = model_input.logits_owners, model_input.logits_row_starts
         requests = [plan.scheduled[i].request for i in owners]
         bitmask = build_bitmask(requests, row_starts, model_input.num_logits)
-        if static is not None:
-            hidden, logits = static.run(model_input)
-        else:  # rows whose token the grammar alone decides skip the LM head
-            hidden, logits = self.runner.execute(
-                model_input, known_next_tokens(requests, row_starts, bitmask))
+        # rows whose token the grammar alone decides may skip the LM head
+        hidden, logits = runner.run(model_input,
+                                    known_next_tokens(requests, row_starts, bitmask))
         emitted_by_owner = verify_requests(requests, row_starts, logits, draft_probs,
                                            self.generator, bitmask)
         emitted = [[] for _ in plan.scheduled]

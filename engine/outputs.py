@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.spec_decode.stats import SpecStats
+from engine.metrics.spec_stats import SpecStats
 
 
 @dataclass

@@ -16,11 +16,9 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import Response
 
 from engine import AsyncEngine, EngineConfig
-from engine.stat_logger import PeriodicStatLogger
+from engine.metrics.stat_logger import PeriodicStatLogger
 from server import chat, completions, metrics
 from server.connections import AcceptErrorLog
-from server.lifecycle import Lifecycle
-from server.limits import BodySizeLimitMiddleware
 from server.context import (
     Admission,
     ServerContext,
@@ -29,8 +27,10 @@ from server.context import (
     require_api_key,
 )
 from server.errors import APIError, install_error_handlers
-from server.templates import ChatTemplates, TemplateLimitError
+from server.lifecycle import Lifecycle
+from server.limits import BodySizeLimitMiddleware
 from server.protocol import ModelCard, ModelList
+from server.templates import ChatTemplates, TemplateLimitError
 
 VERSION = "0.1.0"
 

@@ -17,9 +17,9 @@ from typing import TypeVar
 from fastapi import Request
 
 from engine.grammar import Constraint
+from engine.metrics.spec_stats import SpecStats
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.spec_decode.stats import SpecStats
 from server.context import ServerContext
 from server.errors import bad_request, client_gone
 from server.protocol import SamplingFields, SpeculativeUsage, Usage

@@ -1,5 +1,5 @@
 """`GET /metrics`: one registry per app holding the engine's Prometheus metrics
-(`engine/metrics.py`), the HTTP layer's request counter and what only the server knows (its
+(`engine/metrics/prometheus.py`), the HTTP layer's request counter and what only the server knows (its
 admission queue, the KV pool's size), all named `<prefix>:<name>` like vLLM's.
 
 The engine's counters and histograms are fed on the engine thread by its stat listener; gauges are
@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.metrics import PrometheusMetrics
+from engine.metrics.prometheus import PrometheusMetrics
 from server.context import ServerContext
 
 __all__ = ["CONTENT_TYPE_LATEST", "HTTPMetricsMiddleware", "ServerMetrics"]

@@ -9,11 +9,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Before torch: `engine` chooses how OpenMP's workers wait before torch loads its runtime (see
 # engine/__init__.py), and the servers that tests start inherit the same setting, as users' do.
-import engine  # noqa: E402, F401
+import engine  # noqa: E402, F401  # isort: skip
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from engine.memory import CPU_KV_CACHE_GIB  # noqa: E402
+from engine.core.memory import CPU_KV_CACHE_GIB  # noqa: E402
 
 
 # The device engine-level tests run on: the accelerator when there is one (override with

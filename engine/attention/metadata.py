@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.device import copy_to_device
+from engine.core.device import copy_to_device
 
 # Requests with at most this many new tokens share one padded attention call.
 MAX_QUERY_LEN_BATCHED = 16

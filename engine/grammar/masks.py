@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.device import to_device
+from engine.core.device import to_device
 from engine.quant.kernels import cpu_ops_for, cpu_ops_on
 
 

@@ -10,17 +10,15 @@ where transformers runs seven.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.options import AttentionOptions
 from engine.attention.torch_backend import paged_attention
 from engine.models.architecture import LlamaArchitecture
-from engine.models.layers import Linear, RMSNorm, RotaryStep
+from engine.models.layers import MLP, Linear, RMSNorm, RotaryStep
 from engine.models.moe import SparseMoE
 from engine.models.triton_ops import ops_for as triton_ops_for
-from engine.quant.kernels import cpu_ops_for
 
 
 class Attention(nn.Module):
@@ -64,24 +62,6 @@ class Attention(nn.Module):
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.backend, self.options,
                               kv_written)
         return self.o_proj(out.flatten(1), residual)
-
-
-class MLP(nn.Module):
-    def __init__(self, arch: LlamaArchitecture, intermediate_size: int | None = None):
-        super().__init__()
-        self.intermediate_size = size = intermediate_size or arch.intermediate_size
-        self.gate_up_proj = Linear(arch.hidden_size, 2 * size, bias=arch.mlp_bias)
-        self.down_proj = Linear(size, arch.hidden_size, bias=arch.mlp_bias)
-        self.gelu = arch.hidden_act == "gelu_pytorch_tanh"
-
-    def forward(self, x, residual: torch.Tensor | None = None):
-        gate_up = self.gate_up_proj(x)
-        fused = cpu_ops_for(gate_up) or triton_ops_for(gate_up)
-        if fused is not None and not self.gelu:
-            return self.down_proj(fused.silu_mul(gate_up), residual)
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        activated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.down_proj(activated * up, residual)
 
 
 class DecoderLayer(nn.Module):

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.architecture import LlamaArchitecture
+from engine.models.triton_ops import ops_for as triton_ops_for
 from engine.quant.formats import quantize_q8_0
 from engine.quant.gguf_weight import GGUFWeight, PackedTensor
 from engine.quant.kernels import cpu_ops_for, cpu_ops_on
@@ -106,6 +107,24 @@ class Linear(nn.Module):
         if not keep_plain_weight:
             # The packed copy replaces the plain one; keep only its shape and dtype.
             self.weight = nn.Parameter(weight.detach().new_empty(0), requires_grad=False)
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: LlamaArchitecture, intermediate_size: int | None = None):
+        super().__init__()
+        self.intermediate_size = size = intermediate_size or arch.intermediate_size
+        self.gate_up_proj = Linear(arch.hidden_size, 2 * size, bias=arch.mlp_bias)
+        self.down_proj = Linear(size, arch.hidden_size, bias=arch.mlp_bias)
+        self.gelu = arch.hidden_act == "gelu_pytorch_tanh"
+
+    def forward(self, x, residual: torch.Tensor | None = None):
+        gate_up = self.gate_up_proj(x)
+        fused = cpu_ops_for(gate_up) or triton_ops_for(gate_up)
+        if fused is not None and not self.gelu:
+            return self.down_proj(fused.silu_mul(gate_up), residual)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        activated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(activated * up, residual)
 
 
 class RMSNorm(nn.Module):

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from engine.cache import cache_dir
 from engine.config import GGUF_BLOCK_MODES, QUANTIZATION_NAMES
+from engine.core.cache_dir import cache_dir
 from engine.models import gguf_native
 from engine.models.architecture import LlamaArchitecture
 from engine.models.llama import LlamaForCausalLM

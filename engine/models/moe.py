@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from engine.models.architecture import LlamaArchitecture
-from engine.models.layers import Linear
+from engine.models.layers import MLP, Linear  # the experts are the dense layer's MLP
 
 
 def route(router_logits: torch.Tensor, top_k: int,
@@ -26,7 +26,6 @@ def route(router_logits: torch.Tensor, top_k: int,
 class SparseMoE(nn.Module):
     def __init__(self, arch: LlamaArchitecture):
         super().__init__()
-        from engine.models.decoder_layer import MLP  # the experts are the dense layer's MLP
 
         self.gate = Linear(arch.hidden_size, arch.num_experts)  # the router, as checkpoints name it
         self.experts = nn.ModuleList(MLP(arch, arch.moe_intermediate_size)

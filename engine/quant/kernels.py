@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.cache import cache_dir
+from engine.core.cache_dir import cache_dir
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 
-from engine.request import Request
-from engine.spec_decode.stats import PRIOR_ACCEPTANCE
+from engine.core.request import Request
+from engine.metrics.spec_stats import PRIOR_ACCEPTANCE
 
 COST_DECAY = 0.98  # per observation for the step-time fit
 MIN_DRAFT_GAIN = 0.02  # expected tokens below which a draft position is not even reserved

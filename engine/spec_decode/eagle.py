@@ -24,15 +24,14 @@ from collections.abc import Sequence
 import torch
 
 from engine.attention.metadata import build_attention_metadata
-from engine.device import copy_to_device
-from engine.request import Request
-from engine.sampler import argmax_rows
-from engine.spec_decode.stats import PRIOR_ACCEPTANCE, AcceptanceTracker
+from engine.core.device import copy_to_device
+from engine.core.request import Request
+from engine.metrics.spec_stats import PRIOR_ACCEPTANCE, AcceptanceTracker
+from engine.sample.sampler import argmax_rows
 from engine.spec_decode.eagle_head import EagleHead
 from engine.spec_decode.model_drafter import sample_drafts
 from engine.spec_decode.ngram import NgramLookup
 from engine.spec_decode.proposer import Proposal, Proposer
-
 
 # Kept target rows after which a request's rows become the head's features without the head
 # running: an EAGLE-3 head's rows are three times the size (~7 KB a position on the default

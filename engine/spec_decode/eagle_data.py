@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 from engine.attention.metadata import build_attention_metadata
-from engine.kv_cache import KVCache
+from engine.core.kv_cache import KVCache
 from engine.sampling_params import SamplingParams
-from engine.spec_decode.eagle_head import normalize_layers
 from engine.spec_decode import train_prompts
+from engine.spec_decode.eagle_head import normalize_layers
 
 WINDOW = 256  # training sequence length; source files are cut into pieces of this size
 DRAFT_VOCAB_SIZES = (2048, 4096, 8192, 12288, 16384)

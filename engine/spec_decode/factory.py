@@ -10,7 +10,8 @@ import torch
 
 from engine.attention.metadata import build_attention_metadata
 from engine.config import SpeculativeConfig
-from engine.kv_cache import KVCache
+from engine.core.kv_cache import KVCache
+from engine.metrics.spec_stats import PRIOR_ACCEPTANCE
 from engine.models.loader import cache_dir, load_model
 from engine.spec_decode.controller import (
     DraftCost,
@@ -24,7 +25,6 @@ from engine.spec_decode.layer_skip import calibration_cache_file, choose_layers
 from engine.spec_decode.model_drafter import ModelDrafter
 from engine.spec_decode.ngram import NgramProposer
 from engine.spec_decode.proposer import Proposer
-from engine.spec_decode.stats import PRIOR_ACCEPTANCE
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from engine.attention.metadata import build_attention_metadata
-from engine.kv_cache import KVCache
+from engine.core.kv_cache import KVCache
 from engine.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import torch
 
 from engine.attention.metadata import build_attention_metadata
+from engine.core.request import Request
 from engine.models.llama import LlamaForCausalLM
-from engine.request import Request
-from engine.sampler import (
+from engine.sample.sampler import (
     TokenHistory,
     argmax_rows,
     build_sampling_batch,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Sequence
 
-from engine.request import Request
+from engine.core.request import Request
 from engine.spec_decode.proposer import Proposal, Proposer
 
 ValidPrefix = Callable[[list[int]], int]  # how many leading tokens a grammar allows

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.request import Request
+from engine.core.request import Request
 
 
 @dataclass

@@ -9,9 +9,9 @@ from functools import partial
 
 import torch
 
+from engine.core.request import Request
+from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.grammar.drafts import constrain_drafts, interleave_drafts
-from engine.request import Request
-from engine.scheduler import ScheduledRequest, SchedulerOutput
 from engine.spec_decode.controller import SpeculationController
 from engine.spec_decode.proposer import Proposal, Proposer
 

@@ -175,7 +175,7 @@ def test_expressions_substitute_the_model_name():
 def test_schema_metrics_are_the_ones_the_engine_exposes():
     from prometheus_client import CollectorRegistry
 
-    from engine.metrics import PrometheusMetrics
+    from engine.metrics.prometheus import PrometheusMetrics
 
     registry = CollectorRegistry()
     PrometheusMetrics("m", registry, prefix="specserve")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampler import build_sampling_batch
+from engine.sample.sampler import build_sampling_batch
 from tests.conftest import DEVICES
 
 

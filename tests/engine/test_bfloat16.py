@@ -47,5 +47,5 @@ def test_bfloat16_greedy_speculation_agrees_up_to_near_ties(tiny_chat_model_fold
     assert 0 < sum(s.num_accepted_tokens for s in stats) < sum(s.num_draft_tokens for s in stats)
     assert _divergences_beyond_near_ties(plain, speculative) == []
     # Negative control: a verifier that accepts every draft diverges where it is no tie.
-    monkeypatch.setattr("engine.spec_decode.verifier.verify", _broken_verify)
+    monkeypatch.setattr("engine.sample.verifier.verify", _broken_verify)
     assert _divergences_beyond_near_ties(plain, llm.generate(PROMPTS, PARAMS))

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 
 import pytest
 
-from engine.block_manager import BlockManager
-from engine.request import Request
+from engine.core.block_manager import BlockManager
+from engine.core.request import Request
 from engine.sampling_params import SamplingParams
 
 BLOCK_SIZE = 4

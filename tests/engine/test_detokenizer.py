@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.core.detokenizer import IncrementalDetokenizer
 from tests.engine.tiny_tokenizers import EOS, TEXTS, encode, stream
 
 # --- round trip -----------------------------------------------------------------------------

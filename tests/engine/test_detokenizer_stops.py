@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.core.detokenizer import IncrementalDetokenizer
 from tests.engine.tiny_tokenizers import (
     TEXTS,
     encode,

@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import SamplingParams
-from engine.metrics import PrometheusMetrics
-from engine.stat_logger import PeriodicStatLogger
+from engine.metrics.prometheus import PrometheusMetrics
+from engine.metrics.stat_logger import PeriodicStatLogger
 from tests.conftest import make_llm
 
 PROMPTS = ["a b c d a b c d a b c d a b", "1 2 3 4 5 1 2 3 4 5 1 2", "Hello there", "x y x y x y"]
@@ -90,8 +90,8 @@ def test_per_position_acceptance_series_exist_before_any_step():
 
 
 def test_periodic_log_line(caplog):
-    from engine.spec_decode.stats import SpecStats
-    from engine.stats import StepStats
+    from engine.metrics.spec_stats import SpecStats
+    from engine.metrics.stats import StepStats
 
     now = [0.0]
     stat_logger = PeriodicStatLogger(interval_seconds=10, clock=lambda: now[0])

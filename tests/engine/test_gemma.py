@@ -11,11 +11,16 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.kv_cache import KVCache
+from engine.core.kv_cache import KVCache
 from engine.models import loader
 from engine.models.architecture import LlamaArchitecture
-from tests.conftest import (assert_alone_and_batched, assert_lossless, make_llm,
-                            make_tiny_model, tiny_target_and_draft)
+from tests.conftest import (
+    assert_alone_and_batched,
+    assert_lossless,
+    make_llm,
+    make_tiny_model,
+    tiny_target_and_draft,
+)
 from tests.engine.test_models import FAMILIES, _run_paged
 
 PROMPTS = ["The capital of France is Paris. The capital of Italy is Rome. The capital of",

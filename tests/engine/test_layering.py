@@ -16,6 +16,15 @@ FORBIDDEN = {
     "engine/quant": ("engine.models", "engine.engine", "engine.llm", "engine.async_engine",
                      "engine.spec_decode", "server"),
     "engine/attention": ("engine.models", "engine.engine", "server"),
+    # the engine's rooms by role (engine/__init__.py's public face sits above them all)
+    "engine/core": ("engine.runner", "engine.sample", "engine.spec_decode", "engine.engine",
+                    "engine.llm", "engine.async_engine", "engine.outputs", "server"),
+    "engine/sample": ("engine.runner", "engine.spec_decode", "engine.models", "engine.engine",
+                      "engine.llm", "engine.async_engine", "server"),
+    "engine/metrics": ("engine.runner", "engine.sample", "engine.spec_decode", "engine.engine",
+                       "engine.llm", "engine.async_engine", "server"),
+    "engine/runner": ("engine.spec_decode", "engine.engine", "engine.llm",
+                      "engine.async_engine", "server"),
     "engine": ("server", "benchmarks"),
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.memory import GIB, gpu_kv_cache_budget, profile_forward
+from engine.core.memory import GIB, gpu_kv_cache_budget, profile_forward
 from tests.conftest import make_llm
 
 
@@ -100,7 +100,7 @@ def test_an_engine_made_after_another_is_dropped_gets_the_same_share(tiny_chat_m
 
 _FREED_PAGES_PROBE = """
 import os, sys
-from engine.device import release_freed_host_memory
+from engine.core.device import release_freed_host_memory
 
 def resident():
     with open("/proc/self/statm") as statm:

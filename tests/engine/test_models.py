@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.attention.metadata import build_attention_metadata
-from engine.kv_cache import KVCache
+from engine.core.kv_cache import KVCache
 from engine.models.loader import load_model
 from engine.quant.kernels import load_kernel
 from tests.conftest import DEVICES, make_tiny_model

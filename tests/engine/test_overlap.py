@@ -1,4 +1,4 @@
-"""Overlapped decode steps (engine/overlap.py, `--async-scheduling`): the same tokens, text, stops
+"""Overlapped decode steps (engine/runner/overlap.py, `--async-scheduling`): the same tokens, text, stops
 and logprobs as synchronous steps, late stops never shown, aborts mid-flight clean, blocks free."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import SamplingParams
-from engine.overlap import PLACEHOLDER
+from engine.runner.overlap import PLACEHOLDER
 from tests.conftest import make_llm
 
 PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):",

@@ -3,7 +3,7 @@ blocks kept after free and evicted least recently freed first. Plain Python, no 
 
 from __future__ import annotations
 
-from engine.block_manager import BlockManager, hash_block
+from engine.core.block_manager import BlockManager, hash_block
 from tests.engine.test_block_manager import BLOCK_SIZE, check_partition, make_request, prefill
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampler import (
+from engine.sample.sampler import (
     apply_top_k_top_p_min_p,
     sample,
     seeded_generator,
@@ -218,7 +218,7 @@ def test_host_copies_take_tensors_already_on_the_device(device):
     """Under this file's `with torch.device(...)`, the sampler's "host" tensors are made on the
     device itself; copying them must not try to pin them (only host memory pins). The meta
     device stands in for an accelerator on a CPU-only machine."""
-    from engine.device import copy_to_device, to_device
+    from engine.core.device import copy_to_device, to_device
 
     target = torch.device("meta") if device.type == "cpu" else device
     with torch.device(target):

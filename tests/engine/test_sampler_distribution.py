@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from engine.sampler import sample, sample_from_probs
+from engine.sample.sampler import sample, sample_from_probs
 from engine.sampling_params import SamplingParams
 from tests.engine.test_sampler import FORGED_PROBS, forged_logits, make_batch
 

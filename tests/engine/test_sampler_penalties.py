@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampler import TokenHistory, apply_penalties, build_sampling_batch, sample
+from engine.sample.sampler import TokenHistory, apply_penalties, build_sampling_batch, sample
 from engine.sampling_params import SamplingParams
 from tests.engine.sampler_helpers import device, make_batch  # noqa: F401  (device: autouse)
 

@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from engine.sampler import apply_penalties, build_sampling_batch, sample, target_probs
+from engine.sample.sampler import apply_penalties, build_sampling_batch, sample, target_probs
 from engine.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([[2.0, -2.0, 1.0, 0.0, 0.5, 3.0, -0.5, 1.5]])

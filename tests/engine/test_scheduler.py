@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
-from engine.request import Request, RequestStatus
+from engine.core.block_manager import BlockManager
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
 
 BLOCK_SIZE = 4
 EOS = 2

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.sampler import SamplingBatch, target_probs
+from engine.sample.sampler import SamplingBatch, target_probs
 from tests.conftest import make_llm, make_random_head, make_tiny_model
 
 PROMPTS = [
@@ -229,7 +229,7 @@ def test_sampled_speculation_matches_the_target_distribution(
     assert 0 < spec_stats.num_accepted_tokens < spec_stats.num_draft_tokens
     assert not _chi_square_rejects(samples, expected)
     # Negative control: the same test catches a sampler that accepts every draft.
-    monkeypatch.setattr("engine.spec_decode.verifier.verify", _broken_verify)
+    monkeypatch.setattr("engine.sample.verifier.verify", _broken_verify)
     assert _chi_square_rejects(_sample_first_three(llm, params), expected)
 
 

@@ -1,4 +1,4 @@
-"""Padded decode/verify steps over persistent buffers (engine/static_runner.py): the layout CUDA
+"""Padded decode/verify steps over persistent buffers (engine/runner/static_runner.py): the layout CUDA
 graphs replay, run eagerly here. They must give exactly the tokens of the flat, unpadded steps."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 
 from benchmarks.host_overhead import KernelCount
 from engine import SamplingParams
-from engine.static_runner import StaticStepRunner, StepShape, bucket_for, power_of_two_bucket
 from engine.attention import triton_backend
 from engine.models.triton_ops import TritonOps
+from engine.runner.static_runner import StaticStepRunner, StepShape, bucket_for, power_of_two_bucket
 from tests.conftest import TEST_DEVICE, make_llm
 from tests.engine.test_spec_decode_engine import PROMPTS
 
@@ -166,11 +166,11 @@ def test_a_padded_step_runs_few_kernels_per_layer(tiny_chat_model_folder, monkey
         monkeypatch.setattr(owner, name, staticmethod(counting) if owner is TritonOps
                             else counting)
 
-    def padded_run(step):  # count the layer in padded steps only
+    def padded_run(step, *args):  # count the layer in padded steps only
         layer.forward = counted_forward
         query_lens.append(step.shape.query_len)
         try:
-            return run(step)
+            return run(step, *args)
         finally:
             layer.forward = forward
 

@@ -158,7 +158,7 @@ def test_rows_the_grammar_decides_skip_the_lm_head_and_change_no_token(small_voc
     forces get no LM head, and every token equals the run that computes every row. Negative
     control: taking rows with several allowed tokens as decided changes the tokens."""
     import engine.engine
-    from engine.model_runner import ModelRunner
+    from engine.runner.model_runner import ModelRunner
 
     target, _, _ = small_vocab_models
     llm = make_llm(str(target), speculative_method="ngram", adaptive=False,
@@ -187,7 +187,7 @@ def test_logprobs_under_a_grammar_stay_the_raw_models(plain_structured, monkeypa
     that asks for them, batched with one that does not, gets the raw model's best alternatives,
     those of the same positions fed without a grammar. Control: masking in place regardless
     leaves only the grammar's tokens among them."""
-    import engine.sampler
+    import engine.sample.sampler
     from engine.grammar import masks
 
     _, llm = plain_structured

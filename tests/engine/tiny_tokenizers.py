@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.core.detokenizer import IncrementalDetokenizer
 
 EOS = "<|endoftext|>"
 

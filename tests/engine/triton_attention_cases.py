@@ -7,7 +7,6 @@ interpreter must be chosen before triton is imported, so the CPU run needs a fre
 
 from __future__ import annotations
 
-
 import torch
 
 from engine.attention.metadata import BatchedGroup, build_attention_metadata
@@ -82,7 +81,7 @@ def compare_engine(device: torch.device, model_folder: str) -> None:
     """Greedy tokens with the Triton backend equal the torch backend's: plain and ngram
     speculation (verify steps of several rows), flat and padded steps."""
     from engine import LLM, SamplingParams
-    from engine.memory import CPU_KV_CACHE_GIB
+    from engine.core.memory import CPU_KV_CACHE_GIB
 
     prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):",
                "The cat sat on the mat. The cat sat on the", "Hello"]

@@ -76,7 +76,7 @@ def compare_engine(device: torch.device, model_folder: str) -> None:
     """Greedy tokens with the fused ops equal the torch path's, plain and with n-gram
     speculation (verify steps of several rows), flat and padded steps; and the fused ops ran."""
     from engine import LLM, SamplingParams
-    from engine.memory import CPU_KV_CACHE_GIB
+    from engine.core.memory import CPU_KV_CACHE_GIB
     from engine.models import triton_ops
 
     prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):",

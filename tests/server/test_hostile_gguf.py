@@ -52,7 +52,7 @@ def _write_hostile_copy(source, target) -> None:
 
 @pytest.fixture
 def hostile_gguf(tmp_path):
-    from engine.cache import cache_dir
+    from engine.core.cache_dir import cache_dir
     from engine.models.loader import locate_model
 
     path = tmp_path / f"{STEM}.gguf"
@@ -67,7 +67,7 @@ def hostile_gguf(tmp_path):
 def test_a_gguf_claiming_a_huge_context_costs_no_more_memory(hostile_gguf):
     import gguf
 
-    from engine.cache import cache_dir
+    from engine.core.cache_dir import cache_dir
     from engine.models import gguf_native
     from engine.models.loader import locate_model
 

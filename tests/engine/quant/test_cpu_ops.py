@@ -8,10 +8,10 @@ import torch.nn.functional as F
 
 from engine.attention import torch_backend
 from engine.attention.metadata import build_attention_metadata
-from engine import sampler
 from engine.models import layers
 from engine.models.architecture import LlamaArchitecture
 from engine.quant.kernels import cpu_ops_for, load_kernel
+from engine.sample import sampler
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.attention.metadata import build_attention_metadata
-from engine.kv_cache import KVCache
+from engine.core.kv_cache import KVCache
 from engine.models.gguf_native import hf_tensor_name, rope_unpermute_rows
 from engine.models.layers import Linear
 from engine.models.loader import default_model_path, keeps_gguf_blocks, load_model

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.request import Request
+from engine.core.request import Request
+from engine.metrics.spec_stats import PRIOR_ACCEPTANCE
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.controller import (
     DraftCost,
@@ -14,7 +15,6 @@ from engine.spec_decode.controller import (
     ModelDraftCost,
     SpeculationController,
 )
-from engine.spec_decode.stats import PRIOR_ACCEPTANCE
 
 MAX_K = 4
 
@@ -202,7 +202,7 @@ def test_model_drafting_is_priced_by_the_rows_it_runs():
 
 def _padded(num_seqs):
     """Rows of a padded step (bucketed batch x query length a power of two, at most 1 + MAX_K)."""
-    from engine.static_runner import BATCH_BUCKETS, bucket_for, power_of_two_bucket
+    from engine.runner.static_runner import BATCH_BUCKETS, bucket_for, power_of_two_bucket
 
     return lambda depth: bucket_for(num_seqs, BATCH_BUCKETS) * power_of_two_bucket(1 + depth,
                                                                                    1 + MAX_K)

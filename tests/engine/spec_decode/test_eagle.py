@@ -12,9 +12,9 @@ import torch
 
 from engine import SamplingParams
 from engine.attention.metadata import build_attention_metadata
-from engine.kv_cache import KVCache
+from engine.core.kv_cache import KVCache
+from engine.core.request import Request
 from engine.models.loader import load_model
-from engine.request import Request
 from engine.spec_decode.eagle import _keep_features
 from engine.spec_decode.eagle_head import CONFIG_FILE, WEIGHTS_FILE, load_head, normalize_layers
 from engine.spec_decode.eagle_train import TrainOptions, train_draft

@@ -10,7 +10,7 @@ import torch
 
 from engine import SamplingParams
 from engine.attention.metadata import build_attention_metadata
-from engine.kv_cache import KVCache
+from engine.core.kv_cache import KVCache
 from engine.models.loader import load_model
 from engine.spec_decode import eagle
 from engine.spec_decode import eagle_head as eagle_head_module

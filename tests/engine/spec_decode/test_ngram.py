@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.request import Request
+from engine.core.request import Request
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.ngram import NgramIndex, NgramProposer, find_continuation
 

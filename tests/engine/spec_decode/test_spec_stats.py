@@ -1,4 +1,4 @@
-"""Tests of engine.spec_decode.stats (no model): the speculation counters and the per-request
+"""Tests of engine.metrics.spec_stats (no model): the speculation counters and the per-request
 acceptance trackers the controller reads."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from engine.spec_decode.stats import DECAY, PRIOR_ACCEPTANCE, AcceptanceTracker, SpecStats
+from engine.metrics.spec_stats import DECAY, PRIOR_ACCEPTANCE, AcceptanceTracker, SpecStats
 
 
 def test_spec_stats_record():

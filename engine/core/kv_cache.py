@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import mmap
 import math
+import mmap
 
 import torch
 

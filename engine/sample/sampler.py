@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.device import copy_to_device, to_device
+from engine.core.device import copy_to_device, to_device
 from engine.grammar.masks import mask_logits
 from engine.quant.kernels import cpu_ops_for
 from engine.sampling_params import SamplingParams

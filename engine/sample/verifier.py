@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.device import copy_to_device
+from engine.core.device import copy_to_device
 from engine.grammar.masks import build_bitmask
-from engine.sampler import (
+from engine.sample.rejection_sampler import rejection_sample
+from engine.sample.sampler import (
     SamplingBatch,
     TokenHistory,
     argmax_rows,
@@ -28,7 +29,6 @@ from engine.sampler import (
     process_logits,
     target_probs,
 )
-from engine.spec_decode.rejection_sampler import rejection_sample
 
 
 @dataclass

@@ -11,8 +11,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from engine.metrics.spec_stats import AcceptanceTracker, SpecStats
 from engine.sampling_params import SamplingParams
-from engine.spec_decode.stats import AcceptanceTracker, SpecStats
 
 
 class RequestStatus(enum.Enum):
@@ -53,7 +53,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_prompt_tokens: int = 0  # prefix-cache hit at the last admission
     num_preemptions: int = 0
-    # Output tokens at the end still in flight on the device (engine/overlap.py PLACEHOLDER):
+    # Output tokens at the end still in flight on the device (engine/runner/overlap.py PLACEHOLDER):
     # sampled by a launched step, not read back yet (writer: the engine).
     num_placeholder_tokens: int = 0
 

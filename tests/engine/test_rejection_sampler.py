@@ -1,4 +1,4 @@
-"""Tests of engine.spec_decode.rejection_sampler on forged distributions (no model): exact
+"""Tests of engine.sample.rejection_sampler on forged distributions (no model): exact
 acceptance cases, the residual and bonus distributions, the expected tokens per step for a known
 acceptance rate, and convergence of the first emitted token to the target distribution."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from engine.spec_decode.rejection_sampler import (
+from engine.sample.rejection_sampler import (
     accept_drafts,
     next_token_probs,
     rejection_sample,

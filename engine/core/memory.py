@@ -12,8 +12,8 @@ import torch
 
 from engine.attention.metadata import build_attention_metadata
 from engine.config import EngineConfig
-from engine.device import free_memory_bytes, synchronize, total_memory_bytes
-from engine.kv_cache import KVCache, num_blocks_for_budget
+from engine.core.device import free_memory_bytes, synchronize, total_memory_bytes
+from engine.core.kv_cache import KVCache, num_blocks_for_budget
 
 GIB = 2**30
 # KV cache size on CPU when no budget is given (1 GiB holds ~23k tokens of SmolLM2-135M in

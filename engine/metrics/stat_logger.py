@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import time
 
-from engine.spec_decode.stats import SpecStats
-from engine.stats import RequestStats, StepStats
+from engine.metrics.spec_stats import SpecStats
+from engine.metrics.stats import RequestStats, StepStats
 
 logger = logging.getLogger("specserve.stats")
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.metadata import AttentionMetadata, build_attention_metadata
-from engine.device import copy_to_device
-from engine.kv_cache import KVCache
+from engine.core.device import copy_to_device
+from engine.core.kv_cache import KVCache
+from engine.core.scheduler import ScheduledRequest
 from engine.models.llama import LlamaForCausalLM
-from engine.scheduler import ScheduledRequest
 
 
 @dataclass
@@ -81,6 +81,21 @@ class ModelRunner:
         self.model = model
         self.kv_cache = kv_cache
         self.device = device
+
+    def prepare(self, scheduled: Sequence[ScheduledRequest]) -> ModelInput:
+        return build_model_input(scheduled, self.kv_cache.block_size, self.device)
+
+    def run(self, model_input: ModelInput, known_tokens: dict[int, int] | None = None):
+        """`execute` (the runner interface's name for it)."""
+        return self.execute(model_input, known_tokens)
+
+    def fed_token_ids(self, model_input: ModelInput) -> torch.Tensor:
+        """The tensor the step's forward reads its token ids from."""
+        return model_input.input_ids
+
+    def row_cost(self, num_seqs: int):
+        """None: a flat step computes one row per fed token, whoever drafts."""
+        return None
 
     def execute(self, model_input: ModelInput,
                 known_tokens: dict[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:

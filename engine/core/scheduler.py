@@ -20,10 +20,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
 from engine.config import SchedulerConfig
-from engine.request import Request, RequestStatus
-from engine.spec_decode.stats import SpecStats
+from engine.core.block_manager import BlockManager
+from engine.core.request import Request, RequestStatus
+from engine.metrics.spec_stats import SpecStats
 
 
 @dataclass

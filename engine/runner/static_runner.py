@@ -17,6 +17,7 @@ manager hands out, so they never touch a request's cache; their logits are never
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import logging
 import time
@@ -27,8 +28,8 @@ import torch
 
 from engine.attention.metadata import AttentionMetadata, BatchedGroup
 from engine.config import EngineConfig, EngineLimits
-from engine.device import StagedCopy
-from engine.scheduler import ScheduledRequest
+from engine.core.device import StagedCopy
+from engine.core.scheduler import ScheduledRequest
 
 logger = logging.getLogger(__name__)
 
@@ -226,9 +227,20 @@ class StaticStepRunner:
         self.context_lens[:b].copy_(context_lens, non_blocking=True)
         return StaticStep(shape, rows, owners, row_starts, [i * q for i in range(len(scheduled))])
 
-    def run(self, step: StaticStep) -> tuple[torch.Tensor, torch.Tensor]:
+    def fed_token_ids(self, step: StaticStep) -> torch.Tensor:
+        """The persistent buffer the step's forward (its graph) reads token ids from."""
+        return self.input_ids
+
+    def row_cost(self, num_seqs: int):
+        """`padded_tokens` of a step of `num_seqs` requests: rows as a function of the deepest
+        request's drafts."""
+        return functools.partial(self.padded_tokens, num_seqs)
+
+    def run(self, step: StaticStep, known_tokens: dict[int, int] | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden states of the padded layout, logits [num_logits, vocab] float32). The hidden
-        states may be a graph's output buffer: valid until the next step."""
+        states may be a graph's output buffer: valid until the next step. `known_tokens` is
+        ignored: a graph computes every row's logits."""
         shape = step.shape
         if self.use_graphs and shape not in self._eager_shapes:
             hidden = self._replay(shape)

@@ -29,15 +29,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from engine.device import PendingRead, copy_to_device, start_read
-from engine.model_runner import build_model_input
-from engine.outputs import RequestOutput
-from engine.request import Request
-from engine.sampler import TokenHistory, build_sampling_batch, choose_tokens, process_logits
-from engine.scheduler import SchedulerOutput
+from engine.core.device import PendingRead, copy_to_device, start_read
+from engine.core.request import Request
+from engine.core.scheduler import SchedulerOutput
+from engine.runner import runner_for
+from engine.sample.sampler import TokenHistory, build_sampling_batch, choose_tokens, process_logits
+
+if TYPE_CHECKING:  # the engine's public output type, one level up
+    from engine.outputs import RequestOutput
 
 PLACEHOLDER = -1  # a sampled token not yet read back; never fed to the model as it is
 
@@ -77,17 +80,11 @@ class OverlappedSteps:
         engine = self.engine
         engine._recorder.start()
         plan = engine.scheduler.schedule(None)
-        static = engine.static_runner
-        if static is not None and not static.fits(plan.scheduled):
-            static = None
-        model_input = static.prepare(plan.scheduled) if static is not None \
-            else build_model_input(plan.scheduled, engine.limits.block_size, engine.device)
-        self._feed_placeholders(plan, model_input, static, previous)
+        runner = runner_for(plan.scheduled, engine.runner, engine.static_runner)
+        model_input = runner.prepare(plan.scheduled)
+        self._feed_placeholders(plan, model_input, runner, previous)
         requests = [plan.scheduled[i].request for i in model_input.logits_owners]
-        if static is not None:
-            _hidden, logits = static.run(model_input)
-        else:
-            _hidden, logits = engine.runner.execute(model_input, {})
+        _hidden, logits = runner.run(model_input)
         tokens = sample_on_device(requests, logits, engine.generator)
         positions = []
         for request in requests:  # the step's token is in flight: hold its place
@@ -123,7 +120,7 @@ class OverlappedSteps:
             needed += max(blocks.num_blocks_for(request.num_tokens) - len(request.block_table), 0)
         return needed <= blocks.num_free_blocks
 
-    def _feed_placeholders(self, plan, model_input, static, previous: InFlight | None) -> None:
+    def _feed_placeholders(self, plan, model_input, runner, previous: InFlight | None) -> None:
         """Writes, on the device, the tokens in flight into the rows that feed them."""
         if previous is None:
             return
@@ -136,7 +133,7 @@ class OverlappedSteps:
                 sources.append(source[id(request)])
         if not rows:
             return
-        target = static.input_ids if static is not None else model_input.input_ids
+        target = runner.fed_token_ids(model_input)
         rows_t, sources_t = copy_to_device([torch.tensor(rows), torch.tensor(sources)],
                                            target.device)
         target.index_copy_(0, rows_t, previous.tokens.index_select(0, sources_t))

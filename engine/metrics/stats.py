@@ -1,5 +1,5 @@
 """What the engine observed, as plain data: one `StepStats` per step, one `RequestStats` per
-finished request. `engine/metrics.py` turns them into Prometheus metrics; the periodic log line
+finished request. `engine/metrics/prometheus.py` turns them into Prometheus metrics; the periodic log line
 reads them too. Nothing here knows about Prometheus."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from engine.spec_decode.stats import SpecStats
+from engine.metrics.spec_stats import SpecStats
 
 
 @dataclass

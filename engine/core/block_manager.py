@@ -21,7 +21,7 @@ from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from engine.request import Request
+from engine.core.request import Request
 
 # What a released block's table entry becomes: any valid block id would do, since no query's
 # window reaches it (the CPU kernel skips it; torch paths gather it and mask it out).

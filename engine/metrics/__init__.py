@@ -1,0 +1,1 @@
+"""Step and request statistics, speculation counters, Prometheus metrics, the periodic log line."""

@@ -1,0 +1,1 @@
+"""Every step's token choice: the sampler, the verifier and rejection sampling."""
