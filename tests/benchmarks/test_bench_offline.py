@@ -13,7 +13,7 @@ import pytest
 def test_offline_comparison_writes_report_and_bar_chart(default_model_folder, tmp_path):
     output = tmp_path / "offline.json"
     result = subprocess.run(
-        [sys.executable, "-m", "server", "bench", "offline", "--workload", "copy",
+        [sys.executable, "-m", "specserve", "bench", "offline", "--workload", "copy",
          "--num-prompts", "1", "--max-tokens", "8", "--methods", "none,ngram",
          "--hf-modes", "plain", "--concurrency", "2", "--output", str(output)],
         capture_output=True, text=True, timeout=600)

@@ -17,7 +17,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def bench(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "server", "bench", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "specserve", "bench", *args], capture_output=True,
                           text=True, timeout=600, check=check)
 
 

@@ -19,7 +19,7 @@ def test_timed_run_with_clients_that_hang_up(tiny_chat_model_folder, tmp_path):
     output = tmp_path / "soak.json"
     with running_server(args, "tiny") as server:
         result = subprocess.run(
-            [sys.executable, "-m", "server", "bench", "serve", "--base-url", server.base_url,
+            [sys.executable, "-m", "specserve", "bench", "serve", "--base-url", server.base_url,
              "--workload", "chat", "--max-tokens", "100", "--ignore-eos", "--concurrency", "64",
              "--request-rate", "8", "--duration", "4", "--disconnect-fraction", "0.5",
              "--disconnect-within", "0.2", "--no-progress", "--output", str(output)],

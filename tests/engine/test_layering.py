@@ -25,7 +25,11 @@ FORBIDDEN = {
                        "engine.llm", "engine.async_engine", "server"),
     "engine/runner": ("engine.spec_decode", "engine.engine", "engine.llm",
                       "engine.async_engine", "server"),
-    "engine": ("server", "benchmarks"),
+    "engine": ("server", "benchmarks", "training", "specserve"),
+    # the command lines meet in specserve/cli.py, not in one another
+    "server": ("benchmarks", "training", "specserve"),
+    "training": ("server", "benchmarks", "specserve"),
+    "benchmarks": ("training", "specserve"),
 }
 
 

@@ -48,7 +48,7 @@ def test_defaults_serve_the_default_model_with_ngram_speculation(monkeypatch):
 
 
 def test_train_draft_documents_its_flags():
-    result = subprocess.run([sys.executable, "-m", "server", "train-draft", "--help"],
+    result = subprocess.run([sys.executable, "-m", "specserve", "train-draft", "--help"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
     for flag in ("--model", "--output", "--device", "--max-minutes", "--max-prompts"):

@@ -17,7 +17,7 @@ from engine.core.request import Request
 from engine.models.loader import load_model
 from engine.spec_decode.eagle import _keep_features
 from engine.spec_decode.eagle_head import CONFIG_FILE, WEIGHTS_FILE, load_head, normalize_layers
-from engine.spec_decode.eagle_train import TrainOptions, train_draft
+from training.eagle_train import TrainOptions, train_draft
 from tests.conftest import make_llm, make_random_head, make_tiny_model
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.spec_decode.eagle_data import (
+from training.eagle_data import (
     OVERLAP_NGRAM,
     WINDOW,
     build_texts,

@@ -19,7 +19,7 @@ import torch
 from engine.attention.metadata import build_attention_metadata
 from engine.core.kv_cache import KVCache
 from engine.sampling_params import SamplingParams
-from engine.spec_decode import train_prompts
+from training import train_prompts
 from engine.spec_decode.eagle_head import normalize_layers
 
 WINDOW = 256  # training sequence length; source files are cut into pieces of this size
