@@ -74,9 +74,57 @@ class AsyncEngine:
     def from_config(cls, config: EngineConfig) -> "AsyncEngine":
         return cls(lambda: LLMEngine(config))
 
+    # --------------------------------------------- what the server reads (its only door)
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def limits(self):
+        """engine.config.EngineLimits: KV blocks, block size, context length."""
+        return self.engine.limits
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @property
+    def grammars(self):
+        """The grammar compiler (thread-safe; the server compiles off the engine's thread)."""
+        return self.engine.grammars
+
+    def load(self) -> tuple[int, int, float]:
+        """(running requests, waiting requests, share of KV blocks in use)."""
+        scheduler = self.engine.scheduler
+        return len(scheduler.running), len(scheduler.waiting), self.engine.block_manager.usage
+
+    def kv_blocks(self) -> tuple[int, int]:
+        """(free or evictable KV blocks, all KV blocks)."""
+        blocks = self.engine.block_manager
+        return blocks.num_free_blocks, blocks.num_blocks
+
+    def is_idle(self) -> bool:
+        """Nothing running, waiting or in flight, and every KV block free."""
+        return not self.engine.has_unfinished() and self.engine.block_manager.usage == 0.0
+
+    def add_stat_listener(self, listener) -> None:
+        """Called on the engine's thread after every step and finished request (LLMEngine's)."""
+        self.engine.add_stat_listener(listener)
+
+    def validate(self, prompt: str | list[int], params: SamplingParams,
+                 request_id: str | None = None) -> Request:
+        """Tokenizes and checks a request against the engine's limits (ValueError with a message
+        fit for an API client); `generate` takes what this returns, so a request is checked
+        once."""
+        return self.engine.make_request(prompt, params, request_id)
 
     @property
     def is_running(self) -> bool:
@@ -91,15 +139,19 @@ class AsyncEngine:
 
     # -------------------------------------------------------------- public API
     async def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-        *, final_only: bool = False,
+        self, prompt: str | list[int] | Request, params: SamplingParams | None = None,
+        request_id: str | None = None, *, final_only: bool = False,
     ) -> AsyncIterator[RequestOutput]:
         """Yields incremental outputs until the request finishes; with `final_only`, just the
         first and the last (whose text, tokens and logprobs are cumulative). Leaving the loop
         early (a client disconnect, a cancelled task) aborts the request and frees its blocks."""
         if not self.is_running:
             raise EngineDeadError("the engine loop is not running")
-        request = self.engine.make_request(prompt, params, request_id or uuid.uuid4().hex)
+        if isinstance(prompt, Request):  # validated already (`validate`)
+            request = prompt
+            request.request_id = request_id or request.request_id
+        else:
+            request = self.validate(prompt, params, request_id or uuid.uuid4().hex)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), final_only)
         self._streams[request.request_id] = stream
         self._commands.put(("add", request))

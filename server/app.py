@@ -54,14 +54,14 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
             # What the engine found wrong at start: the GPU memory share does not fit, a flag
             # that does not suit the model.
             _exit_with(str(error), 1)
-        context = ServerContext(engine, settings.served_model_name or engine.engine.model_name,
+        context = ServerContext(engine, settings.served_model_name or engine.model_name,
                                 settings, Admission(settings.max_queue,
                                           settings.max_completions_per_request))
         context.templates = await _start_templates(engine.tokenizer, settings)
         await lifecycle.start(context)  # before the metrics listeners: warm-up is not traffic
         server_metrics.attach_engine(context)
         context.server_metrics = server_metrics
-        engine.engine.add_stat_listener(PeriodicStatLogger())
+        engine.add_stat_listener(PeriodicStatLogger())
         app.state.context = context
         yield
         if context.templates is not None:

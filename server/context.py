@@ -105,12 +105,12 @@ class ServerContext:
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.engine.limits.max_model_len
+        return self.engine.limits.max_model_len
 
     @property
     def max_sequence_tokens(self) -> int:
         """Prompt plus output tokens one request can hold: the context and the KV cache bound it."""
-        limits = self.engine.engine.limits
+        limits = self.engine.limits
         return min(limits.max_model_len, limits.num_kv_blocks * limits.block_size)
 
     def check_model(self, model: str | None) -> None:

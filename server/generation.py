@@ -45,6 +45,7 @@ class Choice:
     index: int
     prompt: Prompt
     params: SamplingParams
+    request: object = None  # engine.core.request.Request: validated, what the engine runs
 
 
 def sampling_params(context: ServerContext, body: SamplingFields, prompt: Prompt,
@@ -63,7 +64,7 @@ def sampling_params(context: ServerContext, body: SamplingFields, prompt: Prompt
         max_tokens=requested_max_tokens, temperature=body.temperature, top_p=body.top_p,
         top_k=body.top_k, min_p=body.min_p, presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
-        logit_bias=_logit_bias(body.logit_bias, context.engine.engine.vocab_size),
+        logit_bias=_logit_bias(body.logit_bias, context.engine.vocab_size),
         seed=body.seed, stop=tuple(stop), ignore_eos=body.ignore_eos, logprobs=logprobs,
         structured=structured,
     )
@@ -93,17 +94,17 @@ def check_stream_options(body: SamplingFields) -> None:
 
 def plan_choices(context: ServerContext, prompts: list[Prompt],
                  params: list[SamplingParams], n: int) -> list[Choice]:
-    """Validates every prompt against the engine's limits (a ValueError naming the numbers) and
-    lays out the choices. A seed moves by the choice's position so the n choices differ yet
-    stay reproducible."""
+    """Validates every choice against the engine's limits (a ValueError naming the numbers),
+    once: the engine runs the request this makes. A seed moves by the choice's position so the
+    n choices differ yet stay reproducible."""
     choices = []
     for prompt_index, (prompt, prompt_params) in enumerate(zip(prompts, params)):
-        context.engine.engine.make_request(prompt.token_ids, prompt_params)  # validation only
         for j in range(n):
             choice_params = prompt_params
             if prompt_params.seed is not None and j:
                 choice_params = replace(prompt_params, seed=prompt_params.seed + j)
-            choices.append(Choice(prompt_index * n + j, prompt, choice_params))
+            choices.append(Choice(prompt_index * n + j, prompt, choice_params,
+                                  context.engine.validate(prompt.token_ids, choice_params)))
     return choices
 
 
@@ -126,7 +127,7 @@ class FanOut:
         self._outputs: asyncio.Queue = asyncio.Queue()
         # With prefix caching, a prompt's other choices start once its first choice has a token:
         # its prompt blocks are cached by then, so the prompt is prefilled once, not n times.
-        share = context.engine.engine.config.cache.enable_prefix_caching
+        share = context.engine.config.cache.enable_prefix_caching
         prefilled: dict[int, asyncio.Event] = {}
         self._tasks = []
         for choice in choices:
@@ -145,8 +146,7 @@ class FanOut:
             if after is not None:
                 await after.wait()
             async for output in self._context.engine.generate(
-                    choice.prompt.token_ids, choice.params, request_id,
-                    final_only=self._final_only):
+                    choice.request, request_id=request_id, final_only=self._final_only):
                 if waiting:
                     waiting = False
                     self._context.admission.release()

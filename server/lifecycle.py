@@ -136,15 +136,13 @@ class Lifecycle:
             # Repeated: a choice that waited for its prompt's first choice starts only now.
             await _wait_until(lambda: not admission.in_flight, ABORT_GRACE_S,
                               every=context.engine.abort_all)
-        engine = context.engine.engine
-        idle = await _wait_until(lambda: not engine.has_unfinished()
-                                 and engine.block_manager.usage == 0.0, IDLE_WAIT_S)
-        scheduler, blocks = engine.scheduler, engine.block_manager
+        engine = context.engine
+        idle = await _wait_until(engine.is_idle, IDLE_WAIT_S)
+        (running, waiting, usage), (free_blocks, num_blocks) = engine.load(), engine.kv_blocks()
         logger.info("drained in %.1f s: %d responses open, %d requests running, %d waiting, "
                     "KV cache usage %.3f (%d of %d blocks free)%s",
-                    time.monotonic() - started, len(admission.in_flight),
-                    len(scheduler.running), len(scheduler.waiting), blocks.usage,
-                    blocks.num_free_blocks, blocks.num_blocks, "" if idle else "; NOT idle")
+                    time.monotonic() - started, len(admission.in_flight), running, waiting,
+                    usage, free_blocks, num_blocks, "" if idle else "; NOT idle")
         if self.render_metrics is not None:
             logger.info("final /metrics: %s", "; ".join(_final_series(self.render_metrics())))
         self.on_drained()

@@ -56,13 +56,12 @@ class ServerMetrics:
 
     def attach_engine(self, context: ServerContext) -> None:
         """Registers the engine's metrics as its stat listener: call once, before serving."""
-        engine = context.engine.engine
+        engine = context.engine
+        speculative = engine.config.speculative
         engine_metrics = PrometheusMetrics(
-            context.model_name, self.registry, self.prefix,
-            engine_state=lambda: (len(engine.scheduler.running), len(engine.scheduler.waiting),
-                                  engine.block_manager.usage),
-            num_speculative_tokens=engine.config.speculative.num_speculative_tokens
-            if engine.config.speculative.enabled else 0)
+            context.model_name, self.registry, self.prefix, engine_state=engine.load,
+            num_speculative_tokens=speculative.num_speculative_tokens
+            if speculative.enabled else 0)
         engine.add_stat_listener(engine_metrics)
         self.registry.register(_ServerCollector(context, self.prefix))
 
@@ -76,13 +75,13 @@ class _ServerCollector(Collector):
         self.prefix = prefix
 
     def collect(self):
-        blocks = self.context.engine.engine.block_manager
+        free_blocks, num_blocks = self.context.engine.kv_blocks()
         gauges = [
             ("num_requests_queued", "Accepted requests without a first token yet (503 past "
              "--max-queue)", self.context.admission.num_waiting),
             ("kv_cache_free_blocks", "KV blocks free or holding evictable cached prefixes",
-             blocks.num_free_blocks),
-            ("kv_cache_num_blocks", "KV blocks in the cache", blocks.num_blocks),
+             free_blocks),
+            ("kv_cache_num_blocks", "KV blocks in the cache", num_blocks),
         ]
         for name, documentation, value in gauges:
             gauge = GaugeMetricFamily(f"{self.prefix}:{name}", documentation,

@@ -137,7 +137,7 @@ async def prepare_constraint(context, body: SamplingFields, tool_plan=None) -> C
         kind = f"tools_{tool_plan.mode}"
     seconds = None
     if constraint is not None:
-        seconds = await compile_constraint(context.engine.engine, constraint, param)
+        seconds = await compile_constraint(context.engine, constraint, param)
     if kind is not None and context.server_metrics is not None:
         context.server_metrics.record_structured(kind, seconds)
     return constraint

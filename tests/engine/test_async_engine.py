@@ -158,3 +158,23 @@ def test_a_failed_build_raises_in_the_caller_and_leaves_no_loop():
     with pytest.raises(ValueError, match="no such model"):
         AsyncEngine(build)
     assert step_threads() == before
+
+
+def test_a_validated_request_is_generated_without_a_second_check(async_engine, monkeypatch):
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    request = async_engine.validate("Hello there", params)
+    calls = []
+    make_request = async_engine.engine.make_request
+    monkeypatch.setattr(async_engine.engine, "make_request",
+                        lambda *args: calls.append(args) or make_request(*args))
+
+    async def collect(prompt):
+        return [out async for out in async_engine.generate(prompt, params, "validated-once")]
+
+    outputs = asyncio.run(collect(request))
+    assert outputs[-1].finished and len(outputs[-1].token_ids) == 5
+    assert outputs[-1].request_id == "validated-once" and calls == []
+    asyncio.run(collect("Hello there"))  # negative control: a prompt is checked here
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="maximum context length"):
+        async_engine.validate("Hello", SamplingParams(max_tokens=10**7))

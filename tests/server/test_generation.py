@@ -12,9 +12,9 @@ from server.protocol import ChatCompletionRequest, CompletionRequest
 
 
 def _context(max_model_len=100, vocab_size=1000):
-    engine = SimpleNamespace(vocab_size=vocab_size, make_request=lambda ids, params: None)
+    engine = SimpleNamespace(vocab_size=vocab_size, validate=lambda ids, params: (ids, params))
     return SimpleNamespace(max_model_len=max_model_len, max_sequence_tokens=max_model_len,
-                           engine=SimpleNamespace(engine=engine))
+                           engine=engine)
 
 
 def _chat(**fields):
