@@ -39,7 +39,7 @@ prometheus:
 		&& (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null 2>&1 ; } \
 		|| echo "note: Prometheus is not installed and could not be; its tests will skip"
 
-# The README's performance figures (see its "Performance" section); ARGS go to the benchmark.
+# The performance figures (docs/performance/); ARGS go to the benchmark.
 bench: install
 	$(BIN)/specserve bench offline $(ARGS)
 

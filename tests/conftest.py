@@ -39,7 +39,7 @@ EXACT_QUANTIZATION = "gguf-exact" if TEST_DEVICE.type == "cpu" else "auto"
 def make_llm(model: str | None = None, **options):
     """An LLM on TEST_DEVICE, in float32 unless a test asks otherwise: tests compare against
     transformers' float32 results or against the engine's own non-speculative output, and
-    bfloat16 is neither exact nor batch-invariant (README, "Lossless, precisely"). Its KV cache
+    bfloat16 is neither exact nor batch-invariant (docs/speculative-decoding.md, "Lossless, precisely"). Its KV cache
     is TEST_KV_CACHE_GIB unless the test sizes it."""
     from engine import LLM
 

@@ -27,8 +27,9 @@ def run_promtool(promtool: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def readme_section(title: str) -> str:
-    """The text of README.md's `## title` section."""
-    text = (ROOT / "README.md").read_text()
+    """The text of docs/deployment.md's `## title` section (the deployment guide, which the
+    README links to)."""
+    text = (ROOT / "docs" / "deployment.md").read_text()
     match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    assert match, f"README.md has no section '## {title}'"
+    assert match, f"docs/deployment.md has no section '## {title}'"
     return match.group(1)

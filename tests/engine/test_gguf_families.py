@@ -74,7 +74,7 @@ def test_a_gguf_file_of_each_family_gives_transformers_tokens(tmp_path, architec
     expected = transformers_greedy(hf_model, tmp_path, PROMPTS, GREEDY.max_tokens)
     if architecture == "phi3":
         # Past the 16-token pretrained context transformers switches to the long factors in
-        # mid-generation; served at 64 tokens both loads use them throughout (README, LongRoPE):
+        # mid-generation; served at 64 tokens both loads use them throughout (docs/models.md, LongRoPE):
         # the reference is the Hugging Face folder served here.
         folder = make_llm(str(tmp_path), speculative_method="none")
         expected = [o.token_ids for o in folder.generate(_token_ids(tmp_path), GREEDY)]

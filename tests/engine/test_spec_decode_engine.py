@@ -75,7 +75,7 @@ def test_the_shipped_eagle_head_is_accepted_often(method_options):
         rates[method] = (sum(s.num_accepted_tokens for s in stats)
                          / sum(s.num_draft_tokens for s in stats))
     # K = 3 on 24-token answers: 0.30 measured with the EAGLE-3 head (0.23 with the head
-    # before it; the first draft alone: 0.53 held out). The README states 0.30: a margin of 0.1.
+    # before it; the first draft alone: 0.53 held out). docs/speculative-decoding.md states 0.30: a margin of 0.1.
     assert rates["eagle"] > 0.2 and rates["eagle-untrained"] < 0.05, rates
 
 
