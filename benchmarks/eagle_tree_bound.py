@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.spec_matrix import method_options
-from benchmarks.workloads import KINDS, encode, load_workloads
+from specserve.bench.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
 from engine.spec_decode.controller import LinearCostModel
 

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from benchmarks.workloads import KINDS, encode, load_workloads
+from specserve.bench.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
 from engine.models.loader import resolve_model_folder
 

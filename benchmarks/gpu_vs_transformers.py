@@ -29,8 +29,8 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from benchmarks.offline import Run, compare_kind, measure_kind, ours
-from benchmarks.workloads import KINDS, encode, load_workloads
+from specserve.bench.offline import Run, compare_kind, measure_kind, ours
+from specserve.bench.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
 from engine.core.device import synchronize
 from engine.models.loader import resolve_model_folder

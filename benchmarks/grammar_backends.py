@@ -28,7 +28,7 @@ from transformers import AutoTokenizer
 
 from benchmarks.json_workload import SCHEMAS, TOOLS
 from benchmarks.machine import cpu_model
-from benchmarks.report import emit
+from specserve.bench.report import emit
 from engine.grammar import Constraint
 from engine.grammar.constraint import JSON_STYLE, grammar_text
 from engine.grammar.masks import unpack_bitmask

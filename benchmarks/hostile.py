@@ -33,8 +33,8 @@ from pathlib import Path
 import httpx
 
 from benchmarks.machine import cpu_model
-from benchmarks.report import emit
-from benchmarks.server_state import server_state
+from specserve.bench.report import emit
+from specserve.bench.server_state import server_state
 from benchmarks.vs_llamacpp import free_ports, wait_ready
 
 NORMAL = {"prompt": "Write a haiku about the sea.", "max_tokens": 16, "temperature": 0}

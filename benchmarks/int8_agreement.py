@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 
 from benchmarks.machine import cpu_model
-from benchmarks.workloads import DATA, _read_jsonl
+from specserve.bench.workloads import DATA, _read_jsonl
 from engine.attention.metadata import build_attention_metadata
 from engine.core.kv_cache import KVCache
 from engine.models.loader import default_model_path, load_model

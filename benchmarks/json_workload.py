@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from benchmarks.workloads import load_workloads
+from specserve.bench.workloads import load_workloads
 from engine.grammar import Constraint
 from server.protocol import ChatCompletionRequest
 from server.tools import conversation, plan_tools

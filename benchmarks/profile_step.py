@@ -29,8 +29,8 @@ import torch
 
 from benchmarks.host_overhead import timed_into
 from benchmarks.machine import device_facts
-from benchmarks.report import emit
-from benchmarks.workloads import encode, load_workloads
+from specserve.bench.report import emit
+from specserve.bench.workloads import encode, load_workloads
 
 # phase -> (owner path from the engine, attribute). Nested phases are subtracted from their
 # callers below, so each phase is self time. Overlapped steps (engine/runner/overlap.py) have their own

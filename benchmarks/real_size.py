@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import device_facts
-from benchmarks.report import emit
+from specserve.bench.report import emit
 
 LLAMA3_8B = {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,

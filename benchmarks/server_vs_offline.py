@@ -29,7 +29,7 @@ import httpx
 
 from benchmarks.machine import cpu_model
 from benchmarks.vs_llamacpp import free_ports, wait_ready
-from benchmarks.workloads import KINDS, encode, load_workloads
+from specserve.bench.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]

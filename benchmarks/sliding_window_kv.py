@@ -21,7 +21,7 @@ import time
 import torch
 
 from benchmarks.machine import cpu_model
-from benchmarks.report import emit
+from specserve.bench.report import emit
 from engine import LLM, SamplingParams
 from engine.models.loader import resolve_model_folder
 

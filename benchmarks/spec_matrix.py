@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from benchmarks.offline import build_truncated_draft
-from benchmarks.report import taking_turns
-from benchmarks.workloads import KINDS, encode, load_workloads
+from specserve.bench.offline import build_truncated_draft
+from specserve.bench.report import taking_turns
+from specserve.bench.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
 from engine.core.memory import CPU_KV_CACHE_GIB
 from engine.metrics.spec_stats import SpecStats

@@ -37,7 +37,7 @@ from transformers import AutoTokenizer
 import engine.engine as engine_module
 from benchmarks.json_workload import SHAPES, is_valid, load_json_items
 from benchmarks.machine import cpu_model
-from benchmarks.report import emit, taking_turns
+from specserve.bench.report import emit, taking_turns
 from engine import LLM, SamplingParams
 from engine.core.memory import CPU_KV_CACHE_GIB
 from engine.grammar import GrammarMatcher

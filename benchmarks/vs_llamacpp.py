@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
         pairs = [(args.pairs[i], int(args.pairs[i + 1])) for i in range(0, len(args.pairs), 2)]
         wait_ready(pairs, args.timeout)
     elif args.command == "merge":
-        from benchmarks.report import draw
+        from specserve.bench.report import draw
 
         report = merge_reports([json.loads(Path(path).read_text()) for path in args.parts])
         Path(args.output).write_text(json.dumps(report, indent=2) + "\n")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.cli import add_bench_parser, run_bench
+from specserve.bench.cli import add_bench_parser, run_bench
 from server.cli import add_serve_parser, run_serve
 from training.cli import add_train_draft_parser, run_train_draft
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.server_metrics import spec_counters, speculation_summary
+from specserve.bench.server_metrics import spec_counters, speculation_summary
 
 SPECSERVE = """\
 # HELP specserve:spec_decode_num_drafts_total Verify steps that carried drafts

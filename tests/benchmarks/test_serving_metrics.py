@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from benchmarks.load import arrival_gaps
-from benchmarks.serving_metrics import RequestRecord, distribution_ms, percentile, summarize
+from specserve.bench.load import arrival_gaps
+from specserve.bench.serving_metrics import RequestRecord, distribution_ms, percentile, summarize
 
 
 def record(start, chunk_times, end, output_tokens, prompt_tokens=10, error=None, kind="code"):

@@ -49,7 +49,7 @@ def test_each_method_goes_first_equally_often():
     first (and each goes in each place) equally often; the control: a fixed order does not."""
     from collections import Counter
 
-    from benchmarks.report import taking_turns
+    from specserve.bench.report import taking_turns
 
     methods = ["none", "ngram", "eagle"]
     orders = [taking_turns(methods, n) for n in range(6)]

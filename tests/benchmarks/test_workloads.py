@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from benchmarks.serve import sample_workloads, workload_sets
-from benchmarks.workloads import KINDS, load_dataset, load_workloads
+from specserve.bench.serve import sample_workloads, workload_sets
+from specserve.bench.workloads import KINDS, load_dataset, load_workloads
 
 
 @pytest.mark.parametrize("kind", KINDS)

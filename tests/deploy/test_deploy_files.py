@@ -182,8 +182,8 @@ def test_dockerignore_keeps_the_sources_and_drops_the_rest():
         assert (ROOT / source).exists(), source
         assert not dockerignore_excludes(patterns, source), f".dockerignore drops {source}"
     assert not dockerignore_excludes(patterns, "engine/models/loader.py")
-    assert not dockerignore_excludes(patterns, "benchmarks/data/humaneval_subset.jsonl")
-    # every package pyproject.toml installs is in the image (server/cli.py imports benchmarks)
+    assert not dockerignore_excludes(patterns, "specserve/bench/data/humaneval_subset.jsonl")
+    # every package pyproject.toml installs is in the image (`specserve bench` is one of them)
     packages = re.search(r'include = \[(.*?)\]', (ROOT / "pyproject.toml").read_text()).group(1)
     for package in re.findall(r'"(\w+)\*"', packages):
         assert package in sources, f"the Dockerfile does not copy {package}/"

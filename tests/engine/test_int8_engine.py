@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.workloads import KINDS, encode, load_workloads
+from specserve.bench.workloads import KINDS, encode, load_workloads
 from engine import SamplingParams
 from engine.quant.kernels import load_kernel
 from tests.conftest import make_llm

@@ -29,7 +29,10 @@ FORBIDDEN = {
     # the command lines meet in specserve/cli.py, not in one another
     "server": ("benchmarks", "training", "specserve"),
     "training": ("server", "benchmarks", "specserve"),
-    "benchmarks": ("training", "specserve"),
+    # the repository's benchmarks (not installed) use the installed bench tools, never the
+    # reverse: an installed package cannot import a folder that is not installed
+    "benchmarks": ("training", "specserve.cli"),
+    "specserve/bench": ("benchmarks", "training", "specserve.cli"),
 }
 
 

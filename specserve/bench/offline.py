@@ -30,8 +30,8 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from benchmarks.report import finish
-from benchmarks.workloads import encode, load_workloads
+from specserve.bench.report import finish
+from specserve.bench.workloads import encode, load_workloads
 from engine import LLM, SamplingParams
 from engine.core.memory import CPU_KV_CACHE_GIB
 from engine.metrics.spec_stats import SpecStats
@@ -216,7 +216,7 @@ def print_table(results: dict[str, dict[str, dict]], kinds: list[str]) -> None:
 
 
 def run(args) -> dict:
-    """The whole `bench offline` command (arguments as benchmarks/cli.py defines them)."""
+    """The whole `bench offline` command (arguments as specserve/bench/cli.py defines them)."""
     kinds, methods, hf_modes = args.workload, args.methods, args.hf_modes
     if not methods + hf_modes:
         raise ValueError("name at least one of --methods / --hf-modes")

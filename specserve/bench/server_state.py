@@ -14,7 +14,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.server_metrics import scrape
+from specserve.bench.server_metrics import scrape
 
 GAUGES = {
     "rss_bytes": "process_resident_memory_bytes",

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks import plots
+from specserve.bench import plots
 
 
 def load_report(path: str | Path) -> dict:

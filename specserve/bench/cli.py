@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from benchmarks.load import ENDPOINTS
-from benchmarks.workloads import KINDS
+from specserve.bench.load import ENDPOINTS
+from specserve.bench.workloads import KINDS
 
 OUR_METHODS = ("none", "ngram", "layer-skip", "draft")
 HF_MODES = ("plain", "pld", "assistant")
@@ -115,15 +115,15 @@ def add_offline_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_bench(args: argparse.Namespace) -> None:
     if args.bench_command == "serve":
-        from benchmarks import serve
+        from specserve.bench import serve
 
         serve.run(args)
     elif args.bench_command == "offline":
-        from benchmarks import offline
+        from specserve.bench import offline
 
         offline.run(args)
     else:
-        from benchmarks.report import draw, load_report
+        from specserve.bench.report import draw, load_report
 
         draw([load_report(path) for path in args.reports], args.output)
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from benchmarks.serving_metrics import RequestRecord
-from benchmarks.workloads import Workload
+from specserve.bench.serving_metrics import RequestRecord
+from specserve.bench.workloads import Workload
 
 ENDPOINTS = ("auto", "completions", "chat")
 CANCELLED = "cancelled by the client (a planned disconnect)"

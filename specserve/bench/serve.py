@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import httpx
 
-from benchmarks.load import CANCELLED, Disconnects, RequestOptions, Target, run_load, send
-from benchmarks.report import finish, load_report
-from benchmarks.server_metrics import scrape_spec_counters, speculation_summary
-from benchmarks.server_state import sample_states, scrape_state, state_when_idle
-from benchmarks.serving_metrics import summarize
-from benchmarks.workloads import Workload, load_dataset, load_workloads
+from specserve.bench.load import CANCELLED, Disconnects, RequestOptions, Target, run_load, send
+from specserve.bench.report import finish, load_report
+from specserve.bench.server_metrics import scrape_spec_counters, speculation_summary
+from specserve.bench.server_state import sample_states, scrape_state, state_when_idle
+from specserve.bench.serving_metrics import summarize
+from specserve.bench.workloads import Workload, load_dataset, load_workloads
 
 ALL_PROMPTS = 10_000  # more than any bundled set holds
 STATE_EVERY_S = 30.0  # server-state samples during a timed (soak) run
