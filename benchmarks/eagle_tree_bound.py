@@ -24,19 +24,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import heapq
-import json
 import os
 import platform
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from benchmarks.spec_matrix import method_options
-from specserve.bench.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
 from engine.spec_decode.controller import LinearCostModel
+from specserve.bench.report import emit
+from specserve.bench.workloads import KINDS, encode, load_workloads
 
 TOP_K = 4
 
@@ -188,10 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"[{kind}] top-1..{TOP_K} at depth 1: {[round(v, 2) for v in rates[0]]}; best tree "
               f"{best['nodes']} nodes, depth {best['depth']}: bound {best['speedup_bound']}x",
               file=sys.stderr, flush=True)
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(report, args.output, indent=1)
     return report
 
 

@@ -255,10 +255,9 @@ def main() -> None:
         result["ratios_baseline_over_this"] = {
             key: {field: round(base[key][field] / this[key][field], 2)
                   for field in ("ms_per_step", "host_ms_per_step")} for key in this}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    from specserve.bench.report import emit  # here: --measure-only runs in older trees too
+
+    emit(result, args.output, indent=2)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,9 @@ every path computes the same tokens; the report says whether the greedy outputs 
 
 from __future__ import annotations
 
-import engine  # noqa: F401  (first: it sets OpenMP's wait policy before torch loads)
+import engine  # noqa: F401  # isort: skip  (first: it sets OpenMP's wait policy before torch loads)
 
 import argparse
-import json
 import platform
 import subprocess
 import sys
@@ -29,8 +28,9 @@ import httpx
 
 from benchmarks.machine import cpu_model
 from benchmarks.vs_llamacpp import free_ports, wait_ready
-from specserve.bench.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
+from specserve.bench.report import emit
+from specserve.bench.workloads import KINDS, encode, load_workloads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,10 +132,7 @@ def main(argv: list[str] | None = None) -> None:
               "cpu": cpu_model(), "machine": platform.machine(), "threads": "torch default",
               "method": args.method, "max_tokens": args.max_tokens,
               "prompts_per_kind": args.prompts, "baseline": args.baseline, **report}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(report, args.output, indent=2)
 
 
 if __name__ == "__main__":

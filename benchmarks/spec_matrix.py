@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import platform
 import sys
@@ -31,13 +30,13 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from specserve.bench.offline import build_truncated_draft
-from specserve.bench.report import taking_turns
-from specserve.bench.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
 from engine.core.memory import CPU_KV_CACHE_GIB
 from engine.metrics.spec_stats import SpecStats
 from engine.models.loader import resolve_model_folder
+from specserve.bench.offline import build_truncated_draft
+from specserve.bench.report import emit, taking_turns
+from specserve.bench.workloads import KINDS, encode, load_workloads
 
 METHODS = ("none", "ngram", "eagle", "eagle-head", "layer-skip", "draft")
 
@@ -244,10 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
         report["matrix"] = matrix({m: llms[m] for m in dict.fromkeys(["none"] + matrix_methods)},
                                   prompts, args.matrix_max_tokens,
                                   [int(c) for c in args.concurrency.split(",")])
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(report, args.output, indent=1)
     if args.plot:
         plot(report, args.plot)
     return report
