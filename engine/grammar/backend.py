@@ -1,6 +1,6 @@
 """The grammar backend: llguidance.
 
-Chosen over xgrammar by `benchmarks/grammar_backends.py` on this CPU: both compute a token mask
+Chosen over xgrammar by `benchmarks/experiments/grammar_backends.py` on this CPU: both compute a token mask
 in a fraction of a millisecond, but llguidance compiles lazily (a schema costs ~2 ms before its
 first mask, xgrammar's compiler ~200 ms), names the tokens the grammar forces (free drafts), has
 rollback for speculation, bounds the work of every mask by its parser limits, and installs as one

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.eagle_tree_bound import TOP_K, Recorder, best_chain, best_tree, rank_rates
+from benchmarks.experiments.eagle_tree_bound import TOP_K, Recorder, best_chain, best_tree, rank_rates
 from engine.spec_decode.controller import LinearCostModel
 
 
@@ -36,7 +36,7 @@ def test_ranks_are_scored_down_to_the_first_rejected_draft():
 
 @pytest.mark.slow
 def test_the_benchmark_runs_the_shipped_head_end_to_end(capsys):
-    from benchmarks.eagle_tree_bound import main
+    from benchmarks.experiments.eagle_tree_bound import main
 
     report = main(["--workload", "code", "--num-prompts", "1", "--max-tokens", "24",
                    "--depth", "2", "--max-nodes", "3"])

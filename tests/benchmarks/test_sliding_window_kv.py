@@ -1,4 +1,4 @@
-"""benchmarks/sliding_window_kv.py runs end to end on a short request: its report shows the
+"""benchmarks/experiments/sliding_window_kv.py runs end to end on a short request: its report shows the
 released run holding the window's blocks and the kept run (the control) every block."""
 
 from __future__ import annotations

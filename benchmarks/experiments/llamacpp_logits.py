@@ -3,7 +3,9 @@ benchmarks/vs_llamacpp.sh builds), so it imports nothing of specserve. Reads one
 token ids per line on stdin; writes one JSON object per line: the top-1 token at every position
 but the last, and the summed negative log-likelihood of each next token.
 
-    .venv-llamacpp/bin/python benchmarks/llamacpp_logits.py MODEL.gguf [--threads 2] < ids.jsonl
+    .venv-llamacpp/bin/python benchmarks/experiments/llamacpp_logits.py MODEL.gguf [--threads 2] < ids.jsonl
+
+Not a figure of its own: int8_agreement.py runs it for llama.cpp's logits.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ bandwidth measured the same way with the same threads.
    weights read per step (every packed projection and the LM head, once) over the kernels' time
    per step is the rate one-row calls reach. Prints JSON.
 
-    python -m benchmarks.weight_bandwidth [--max-tokens 128]
+    python -m benchmarks.experiments.weight_bandwidth [--max-tokens 128]
+
+Figures: docs/performance/vs-llamacpp.md (weight streaming bandwidth).
 """
 
 from __future__ import annotations

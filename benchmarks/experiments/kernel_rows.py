@@ -8,7 +8,9 @@ weights repacked in 16-row groups, the variant named) and its cost relative to o
 thread by default: the question is the kernel's arithmetic, not the thread pool. Prints JSON:
 microseconds per call and multiply-adds per second.
 
-    python -m benchmarks.kernel_rows [--format Q4_1] [--threads 1] [--rows 1,2,4,8,16,32,64]
+    python -m benchmarks.experiments.kernel_rows [--format Q4_1] [--threads 1] [--rows 1,2,4,8,16,32,64]
+
+Figures: docs/performance/vs-llamacpp.md (kernel time by rows).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ file dequantized to float32. For a prompt whose tokens differ, the report names 
 divergent position and transformers' top-2 logit margin there (its own logits over the common
 prefix): float32 summation order differs between the two, so only a near-tie may flip.
 
-    python -m benchmarks.gguf_equivalence [--max-tokens 32] [--output FILE.json]
+    python -m benchmarks.experiments.gguf_equivalence [--max-tokens 32] [--output FILE.json]
+
+Figures: docs/performance/vs-llamacpp.md (our GGUF dequantization against llama.cpp's).
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ one-row step s(1):
 with s(n) the step cost fitted over the run's steps and D the tree's depth (sequential head
 steps, each priced as one chain step: wider head steps cost more, so this is a bound). The rank
 rates assume a node's hit rate depends on its depth and rank, not on its parent's rank.
+
+Figures: docs/speculative-decoding.md (the bound on tree drafts).
 """
 
 from __future__ import annotations

@@ -3,10 +3,12 @@ processing (tokens/s over a P-token prompt) and decoding (tokens/s over N tokens
 context), as llama-bench defines its pp and tg tests. Each thread count runs in its own process
 (OMP_NUM_THREADS), ours and llama-bench's in turn, best of --repeats. Prints JSON.
 
-    python -m benchmarks.vs_llama_bench --llama-bench .llama-server/build/bin/llama-bench
+    python -m benchmarks.experiments.vs_llama_bench --llama-bench .llama-server/build/bin/llama-bench
         [--threads 1,2] [--prompt 128] [--decode 128] [--repeats 3] [--quantization gguf]
 benchmarks/build_llama_server.sh builds llama-server; `cmake --build .llama-server/build
 --target llama-bench` then builds llama-bench beside it in seconds.
+
+Figures: README.md's headline table and docs/performance/vs-llamacpp.md (the engine alone against llama-bench).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def main() -> None:
     results = {}
     for threads in (int(t) for t in args.threads.split(",")):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        child = subprocess.run([sys.executable, "-m", "benchmarks.vs_llama_bench", "--ours-only",
+        child = subprocess.run([sys.executable, "-m", "benchmarks.experiments.vs_llama_bench", "--ours-only",
                                 "--llama-bench", args.llama_bench, "--quantization",
                                 args.quantization, "--prompt", str(args.prompt), "--decode",
                                 str(args.decode), "--repeats", str(args.repeats)],

@@ -6,7 +6,9 @@ kernel clocks its own matmul calls (inside the fused layers too), so the split i
 same run; with `--quantization none` the float projections are replayed through their Linear
 modules on one activation row, `--repeats` times, in a separate pass. Prints JSON.
 
-    python -m benchmarks.step_breakdown [--quantization gguf|none] [--max-tokens 64]
+    python -m benchmarks.experiments.step_breakdown [--quantization gguf|none] [--max-tokens 64]
+
+Figures: docs/models.md and docs/performance/vs-llamacpp.md (where a batch-1 step goes on CPU).
 """
 
 from __future__ import annotations

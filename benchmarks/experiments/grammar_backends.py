@@ -2,7 +2,7 @@
 the engine's grammar backend was chosen by.
 
     pip install xgrammar   # not a dependency of specserve
-    python -m benchmarks.grammar_backends --output benchmarks/results/grammar_backends.json
+    python -m benchmarks.experiments.grammar_backends --output benchmarks/results/grammar_backends.json
 
 Per schema (the JSON workload's four shapes, written the way the engine writes JSON: no free
 whitespace, separators ", " and ": "):
@@ -11,6 +11,8 @@ whitespace, separators ", " and ": "):
 - mask: the mean time to compute one token's bitmask on the host, along a token path that both
   backends accept (a seeded random walk over llguidance's masks), accepting each token after it.
 Plus each backend's one-off tokenizer set-up. Single-threaded, both; medians over `--repeats`.
+
+Figures: docs/structured-outputs.md (the grammar backends compared).
 """
 
 from __future__ import annotations

@@ -4,11 +4,13 @@ teacher-forced on text no one tuned on: the bundled HumanEval prompts with their
 solutions, and MT-Bench questions. Per position: top-1 agreement of the two models' logits; over
 all positions: each one's perplexity. With --llamacpp-python (the Python of a llama-cpp-python
 venv, as benchmarks/vs_llamacpp.sh builds it), llama.cpp's own logits on the same file and
-tokens too (benchmarks/llamacpp_logits.py): top-1 agreement of each of ours with it, and its
+tokens too (benchmarks/experiments/llamacpp_logits.py): top-1 agreement of each of ours with it, and its
 perplexity.
 
-    python -m benchmarks.int8_agreement [--positions 5000] [--window 512] [--output FILE.json]
+    python -m benchmarks.experiments.int8_agreement [--positions 5000] [--window 512] [--output FILE.json]
         [--llamacpp-python .venv-llamacpp/bin/python]
+
+Figures: docs/models.md and docs/performance/vs-llamacpp.md (integer arithmetic's agreement with float and llama.cpp).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ class Nudged(torch.nn.Module):
 
 
 def llamacpp_results(python: str, texts_ids: list[list[int]], *options: str) -> list[dict]:
-    """llama.cpp's top-1 tokens and summed NLL per text (benchmarks/llamacpp_logits.py)."""
+    """llama.cpp's top-1 tokens and summed NLL per text (benchmarks/experiments/llamacpp_logits.py)."""
     script = Path(__file__).with_name("llamacpp_logits.py")
     lines = "".join(json.dumps(ids) + "\n" for ids in texts_ids)
     done = subprocess.run([python, str(script), str(default_model_path()), "--n-ctx",

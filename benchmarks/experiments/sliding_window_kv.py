@@ -1,12 +1,14 @@
 """KV blocks a long request holds on a sliding-window model, with the blocks behind the window
 given back (the engine's way) and kept (what a cache without release holds), side by side.
 
-    python -m benchmarks.sliding_window_kv --output benchmarks/results/sliding_window_kv.json
+    python -m benchmarks.experiments.sliding_window_kv --output benchmarks/results/sliding_window_kv.json
 
 The model is a random Mistral built by transformers (4 layers, 256 wide, the default model's
 tokenizer, `--window` keys): block accounting does not depend on the weights, and nothing is
 downloaded. One request decodes `--max-tokens` greedy tokens alone; each step's blocks in use
 are read from the block manager. Tokens per second are reported too: releasing costs host time.
+
+Figures: docs/models.md (sliding-window KV release).
 """
 
 from __future__ import annotations
