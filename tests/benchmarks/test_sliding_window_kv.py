@@ -3,7 +3,7 @@ released run holding the window's blocks and the kept run (the control) every bl
 
 from __future__ import annotations
 
-from benchmarks import sliding_window_kv
+from benchmarks.experiments import sliding_window_kv
 
 
 def test_the_report_shows_blocks_given_back_behind_the_window(tmp_path):
