@@ -130,7 +130,8 @@ def disk_code(tokenizer, num_tokens: int, rng: random.Random) -> list[tuple[list
 
 def measurement_overlap(tokenizer, texts: list[str]) -> dict:
     """Shared word 13-grams between the training texts and the bundled HumanEval / MT-Bench."""
-    data = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+    # the bench's prompt sets, beside this package (installed or in the repository)
+    data = Path(__file__).resolve().parents[1] / "specserve" / "bench" / "data"
     bench_texts = []
     for name in ("humaneval_subset.jsonl", "mt_bench_subset.jsonl"):
         path = data / name

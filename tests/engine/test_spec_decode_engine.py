@@ -193,7 +193,7 @@ def _sample_first_three(llm: LLM, params: SamplingParams) -> list[tuple]:
 
 def _broken_verify(logits, batch, seqs):
     """A deliberately wrong verifier: every draft is accepted."""
-    from engine.spec_decode import verifier
+    from engine.sample import verifier
 
     row_tokens = verifier.choose_tokens(verifier.process_logits(logits, batch), batch).tolist()
     return [s.draft_token_ids + [row_tokens[s.row_start + len(s.draft_token_ids)]] for s in seqs]
