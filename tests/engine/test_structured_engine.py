@@ -201,7 +201,7 @@ def test_logprobs_under_a_grammar_stay_the_raw_models(plain_structured, monkeypa
         (top_ids, top_logprobs), (free_ids, free_logprobs) = (zip(*step.top),
                                                               zip(*free.logprobs[0].top))
         assert top_ids == free_ids and top_logprobs == pytest.approx(free_logprobs, abs=1e-4)
-    monkeypatch.setattr(engine.sampler, "mask_logits",
+    monkeypatch.setattr(engine.sample.sampler, "mask_logits",
                         lambda logits, bitmask, in_place=False: masks.mask_logits(logits, bitmask,
                                                                                   True))
     masked = llm.generate([prompt, PROMPTS[1]], [asks, quiet])[0]
