@@ -26,9 +26,15 @@ def wheel(tmp_path_factory) -> Path:
         if (ROOT / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, source / name)
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                           "-q", "-w", str(out), str(source)], capture_output=True, text=True,
-                          timeout=600)
+    # the environment's own setuptools where it is recent enough (no download), else pip's
+    # isolated build fetches one
+    import setuptools
+
+    isolation = [] if int(setuptools.__version__.split(".")[0]) >= 68 else ["--use-pep517"]
+    no_isolation = [] if isolation else ["--no-build-isolation"]
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *no_isolation,
+                           *isolation, "-q", "-w", str(out), str(source)],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     [path] = out.glob("specserve-*.whl")
     return path
