@@ -78,8 +78,13 @@ def copy_to_device(tensors: list[torch.Tensor], device: torch.device) -> list[to
     if device.type == "cpu" or not tensors:
         return list(tensors)
     packed = _pinned(torch.cat([t.reshape(-1) for t in tensors])).to(device, non_blocking=True)
+    return _unpacked(packed, tensors)
+
+
+def _unpacked(packed: torch.Tensor, shapes_of: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of `packed`, one per tensor of `shapes_of`, in order and of its shape."""
     out, offset = [], 0
-    for t in tensors:
+    for t in shapes_of:
         out.append(packed[offset:offset + t.numel()].view(t.shape))
         offset += t.numel()
     return out
@@ -109,11 +114,7 @@ class StagedCopy:
         self._turn ^= 1
         torch.cat([t.reshape(-1) for t in tensors], out=host[:total])
         on_device[:total].copy_(host[:total], non_blocking=True)
-        out, offset = [], 0
-        for t in tensors:
-            out.append(on_device[offset:offset + t.numel()].view(t.shape))
-            offset += t.numel()
-        return out
+        return _unpacked(on_device, tensors)
 
 
 class PendingRead:
@@ -133,10 +134,6 @@ class PendingRead:
         if self._event is not None:
             self._event.synchronize()
         return self._host.tolist()
-
-
-def start_read(tensor: torch.Tensor) -> PendingRead:
-    return PendingRead(tensor)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

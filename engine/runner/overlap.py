@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.core.device import PendingRead, copy_to_device, start_read
+from engine.core.device import PendingRead, copy_to_device
 from engine.core.request import Request
 from engine.core.scheduler import SchedulerOutput
 from engine.runner import runner_for
-from engine.sample.sampler import TokenHistory, build_sampling_batch, choose_tokens, process_logits
+from engine.sample.verifier import sample_on_device
 
 if TYPE_CHECKING:  # the engine's public output type, one level up
     from engine.outputs import RequestOutput
@@ -85,7 +85,8 @@ class OverlappedSteps:
         self._feed_placeholders(plan, model_input, runner, previous)
         requests = [plan.scheduled[i].request for i in model_input.logits_owners]
         _hidden, logits = runner.run(model_input)
-        tokens = sample_on_device(requests, logits, engine.generator)
+        tokens = sample_on_device(requests, model_input.logits_row_starts, logits,
+                                  engine.generator)
         positions = []
         for request in requests:  # the step's token is in flight: hold its place
             positions.append(request.num_output_tokens)
@@ -93,7 +94,7 @@ class OverlappedSteps:
             request.num_placeholder_tokens += 1
             request.num_computed_tokens += 1
         self.in_flight = InFlight(plan, requests, positions, model_input.logits_row_starts,
-                                  logits, tokens, start_read(tokens))
+                                  logits, tokens, PendingRead(tokens))
         if previous is not None:
             self.num_overlapped += 1
             return self._land(previous)
@@ -168,13 +169,3 @@ class OverlappedSteps:
         engine._report_step(flight.plan, num_prompt_tokens, outputs, latencies)
         return outputs
 
-
-def sample_on_device(requests: list[Request], logits: torch.Tensor,
-                     generator: torch.Generator) -> torch.Tensor:
-    """One token per request from its logits row, left on the device: the same processing and
-    the same draws as a synchronous step's (verifier.verify without drafts)."""
-    batch = build_sampling_batch(
-        [r.sampling_params for r in requests], [r.prompt_token_ids for r in requests],
-        [TokenHistory(r.output_token_ids, [], 0) for r in requests], logits.shape[-1],
-        logits.device, generator)
-    return choose_tokens(process_logits(logits, batch), batch)

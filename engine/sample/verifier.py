@@ -48,7 +48,7 @@ def verify(logits: torch.Tensor,  # [num_rows, vocab] raw
     (every row's sampled token, then each sampled-draft sequence's accepted count and next token).
     """
     processed = process_logits(logits, batch)
-    row_tokens = choose_tokens(processed, batch)
+    row_tokens = choose_tokens(processed, batch)  # what a step without drafts samples
     sampled = [i for i, seq in enumerate(seqs) if seq.draft_probs is not None and not seq.greedy]
     if sampled:
         num_accepted, next_tokens = _verify_sampled_drafts(
@@ -88,6 +88,24 @@ def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
     built them already (masks.py `build_bitmask`, the same rows)."""
     if not requests:
         return []
+    batch, seqs = verify_batch(requests, row_starts, logits, draft_probs, shared_generator,
+                               bitmask)
+    return verify(logits, batch, seqs)
+
+
+def sample_on_device(requests, row_starts: list[int], logits: torch.Tensor,
+                     shared_generator: torch.Generator) -> torch.Tensor:
+    """One token per request, left on the device: what `verify_requests` samples for requests
+    without drafts (the same processing and draws), for a caller that reads it later
+    (overlapped steps, engine/runner/overlap.py)."""
+    batch, _seqs = verify_batch(requests, row_starts, logits, {}, shared_generator)
+    return choose_tokens(process_logits(logits, batch), batch)
+
+
+def verify_batch(requests, row_starts: list[int], logits: torch.Tensor,
+                 draft_probs: dict[str, torch.Tensor], shared_generator: torch.Generator,
+                 bitmask: torch.Tensor | None = None) -> tuple[SamplingBatch, list[VerifySeq]]:
+    """The sampling settings of every verified row, and each request's sequence of rows."""
     params, prompts, histories, seqs = [], [], [], []
     for request, row_start in zip(requests, row_starts):
         drafts = request.draft_token_ids
@@ -102,7 +120,7 @@ def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
     if bitmask is None:
         bitmask = build_bitmask(requests, row_starts, logits.shape[0])
     batch.bitmask = bitmask  # the target's distribution at every verified position is the masked one
-    return verify(logits, batch, seqs)
+    return batch, seqs
 
 
 def _verify_sampled_drafts(probs_all: torch.Tensor, batch: SamplingBatch,

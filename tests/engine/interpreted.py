@@ -3,13 +3,40 @@ before triton is imported, so each check runs as a fresh process of a `*_cases` 
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from tests.conftest import TEST_DEVICE
+
 ROOT = Path(__file__).resolve().parents[2]
+DTYPES = {"cuda": (torch.float32, torch.bfloat16), "cpu": (torch.float32,)}
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def run_check(module: str, check: str, *args: str) -> None:
+    """`module.CHECKS[check]` on TEST_DEVICE: in this process on CUDA, else in a fresh process
+    under Triton's interpreter (`main` below)."""
+    if TEST_DEVICE.type == "cuda":
+        run_on(importlib.import_module(module).CHECKS[check], TEST_DEVICE, *args)
+    else:
+        run_interpreted(module, check, *args)
+
+
+def run_on(check: Callable[..., None], device: torch.device, *args: str) -> None:
+    """A check on `device`; kernel checks (those taking a dtype) in float32, and on CUDA in
+    bfloat16 too, each within its tolerance."""
+    if "dtype" in inspect.signature(check).parameters:
+        for dtype in DTYPES[device.type]:
+            check(device, dtype, TOLERANCE[dtype])
+    else:
+        check(device, *args)
 
 
 def run_interpreted(module: str, *args: str) -> None:
@@ -21,10 +48,10 @@ def run_interpreted(module: str, *args: str) -> None:
 
 
 def main(checks: dict[str, Callable[..., None]]) -> None:
-    """A cases module's entry: runs checks[argv[1]](*argv[2:]) on the torch path CUDA runs (the
-    CPU extension's fused ops off), then prints "ok"."""
+    """A cases module's entry: runs checks[argv[1]] with argv[2:] on the CPU, on the torch path
+    CUDA runs (the CPU extension's fused ops off), then prints "ok"."""
     import engine.quant.kernels as kernels
 
     kernels.load_kernel = lambda: None
-    checks[sys.argv[1]](*sys.argv[2:])
+    run_on(checks[sys.argv[1]], torch.device("cpu"), *sys.argv[2:])
     print("ok")

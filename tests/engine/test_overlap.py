@@ -106,3 +106,13 @@ def test_a_request_arriving_mid_stream_lands_between_overlapped_steps(tiny_chat_
             tokens[out.request_id] += out.delta_token_ids
     assert [tokens[first], tokens[second]] == alone
     assert _all_blocks_free(overlapped)
+
+
+def test_overlap_asked_for_with_speculation_is_refused_not_ignored():
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match="--async-scheduling overlaps plain decode steps only"):
+        EngineConfig.from_kwargs(async_scheduling=True, speculative_method="ngram")
+    # its default (None: on for CUDA) with speculation, and on without it, are fine
+    EngineConfig.from_kwargs(speculative_method="ngram")
+    EngineConfig.from_kwargs(async_scheduling=True, speculative_method="none")

@@ -7,31 +7,18 @@ from __future__ import annotations
 import sys
 
 import pytest
-import torch
 
-from tests.conftest import TEST_DEVICE
-from tests.engine.interpreted import run_interpreted
+from tests.engine.interpreted import run_check
 
 pytest.importorskip("triton")
 
 
 def test_kernel_matches_the_torch_backend():
-    if TEST_DEVICE.type == "cuda":
-        from tests.engine.triton_attention_cases import compare_kernel
-
-        compare_kernel(TEST_DEVICE, torch.float32, tolerance=1e-5)
-        compare_kernel(TEST_DEVICE, torch.bfloat16, tolerance=2e-2)
-    else:
-        run_interpreted("tests.engine.triton_attention_cases", "kernel")
+    run_check("tests.engine.triton_attention_cases", "kernel")
 
 
 def test_engine_with_the_triton_backend_gives_the_torch_backends_tokens(tiny_chat_model_folder):
-    if TEST_DEVICE.type == "cuda":
-        from tests.engine.triton_attention_cases import compare_engine
-
-        compare_engine(TEST_DEVICE, str(tiny_chat_model_folder))
-    else:
-        run_interpreted("tests.engine.triton_attention_cases", "engine", str(tiny_chat_model_folder))
+    run_check("tests.engine.triton_attention_cases", "engine", str(tiny_chat_model_folder))
 
 
 def test_missing_triton_is_a_one_line_error(monkeypatch):

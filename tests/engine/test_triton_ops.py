@@ -7,29 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import TEST_DEVICE
-from tests.engine.interpreted import run_interpreted
+from tests.engine.interpreted import run_check
 
 pytest.importorskip("triton")
 
 
 def test_fused_ops_match_the_torch_path():
-    if TEST_DEVICE.type == "cuda":
-        from tests.engine.triton_ops_cases import compare_kernels
-
-        compare_kernels(TEST_DEVICE, torch.float32, tolerance=1e-5)
-        compare_kernels(TEST_DEVICE, torch.bfloat16, tolerance=2e-2)
-    else:
-        run_interpreted("tests.engine.triton_ops_cases", "kernels")
+    run_check("tests.engine.triton_ops_cases", "kernels")
 
 
 def test_engine_with_fused_ops_gives_the_torch_paths_tokens(tiny_chat_model_folder):
-    if TEST_DEVICE.type == "cuda":
-        from tests.engine.triton_ops_cases import compare_engine
-
-        compare_engine(TEST_DEVICE, str(tiny_chat_model_folder))
-    else:
-        run_interpreted("tests.engine.triton_ops_cases", "engine", str(tiny_chat_model_folder))
+    run_check("tests.engine.triton_ops_cases", "engine", str(tiny_chat_model_folder))
 
 
 def test_ops_stay_off_where_they_do_not_apply(monkeypatch):

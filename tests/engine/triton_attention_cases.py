@@ -108,8 +108,9 @@ def compare_engine(device: torch.device, model_folder: str) -> None:
         assert runs["triton"] == runs["torch"], (padded, runs)
 
 
+CHECKS = {"kernel": compare_kernel, "engine": compare_engine}
+
 if __name__ == "__main__":
     from tests.engine.interpreted import main
 
-    main({"kernel": lambda: compare_kernel(torch.device("cpu"), torch.float32, tolerance=1e-5),
-          "engine": lambda folder: compare_engine(torch.device("cpu"), folder)})
+    main(CHECKS)

@@ -100,8 +100,9 @@ def compare_engine(device: torch.device, model_folder: str) -> None:
     os.environ.pop("SPECSERVE_DISABLE_TRITON_OPS")
 
 
+CHECKS = {"kernels": compare_kernels, "engine": compare_engine}
+
 if __name__ == "__main__":
     from tests.engine.interpreted import main
 
-    main({"kernels": lambda: compare_kernels(torch.device("cpu"), torch.float32, tolerance=1e-5),
-          "engine": lambda folder: compare_engine(torch.device("cpu"), folder)})
+    main(CHECKS)
