@@ -21,9 +21,10 @@ import time
 
 import torch
 
-from specserve.bench.workloads import KINDS, encode, load_workloads
 from engine import LLM, SamplingParams
 from engine.models.loader import resolve_model_folder
+from specserve.bench.report import emit
+from specserve.bench.workloads import KINDS, encode, load_workloads
 
 
 def first_divergence(ours: list[int], reference: list[int]) -> int | None:
@@ -91,11 +92,7 @@ def main() -> None:
         "seconds": round(time.time() - started, 1),
         "torch_threads": torch.get_num_threads(),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        with open(args.output, "w") as file:
-            file.write(text + "\n")
+    emit(report, args.output)
 
 
 if __name__ == "__main__":

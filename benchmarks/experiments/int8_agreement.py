@@ -28,11 +28,12 @@ from types import SimpleNamespace
 import torch
 
 from benchmarks.machine import cpu_model
-from specserve.bench.workloads import DATA, _read_jsonl
 from engine.attention.metadata import build_attention_metadata
 from engine.core.kv_cache import KVCache
 from engine.models.loader import default_model_path, load_model
 from engine.quant.kernels import load_kernel
+from specserve.bench.report import emit
+from specserve.bench.workloads import DATA, _read_jsonl
 
 BLOCK_SIZE = 16
 CHUNK = 128  # prefill chunk: the engine's own chunked-prefill path
@@ -136,11 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         "positions": positions, "top1_agreement": agreement, "perplexity": perplexity,
         "perplexity_ratio_gguf_over_exact": round(perplexity["gguf"] / perplexity["gguf-exact"], 4),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        with open(args.output, "w") as file:
-            file.write(text + "\n")
+    emit(report, args.output)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 from datetime import date
 
 from benchmarks.machine import cpu_model
+from specserve.bench.report import emit
 
 
 def ours(quantization: str, prompt: int, decode: int, repeats: int) -> dict:
@@ -97,11 +98,7 @@ def main() -> None:
     report = {"benchmark": "vs_llama_bench", "date": date.today().isoformat(),
               "cpu": cpu_model(), "model": model, "quantization": args.quantization,
               "prompt": args.prompt, "decode": args.decode, "results": results}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        with open(args.output, "w") as file:
-            file.write(text + "\n")
+    emit(report, args.output)
 
 
 if __name__ == "__main__":
