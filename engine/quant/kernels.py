@@ -1,4 +1,5 @@
-"""The compiled GGUF CPU kernel (csrc/gguf_cpu.cpp): built once, loaded on first use.
+"""The compiled CPU kernels (csrc/, one extension; module.cpp lists its files): built once, loaded
+on first use.
 
 `make install` builds it (`python -m engine.quant.kernels`); torch.utils.cpp_extension keeps the
 build under the cache folder and rebuilds only when the source changes. Where it cannot be built
@@ -120,8 +121,8 @@ def _build(verbose: bool):
     return load(
         name=EXTENSION_NAME,
         sources=[str(SOURCE_DIR / name) for name in
-                 ("gguf_cpu.cpp", "cpu_ops.cpp", "paged_attention.cpp", "gguf_int8.cpp",
-                  "decoder_stack.cpp")],
+                 ("module.cpp", "isa.cpp", "gguf_cpu.cpp", "gguf_int8.cpp", "vec_ops.cpp",
+                  "cpu_ops.cpp", "paged_attention.cpp", "decoder_stack.cpp")],
         extra_include_paths=[str(SOURCE_DIR)],
         extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno"],
         # ATen's parallel_for is OpenMP inlined into the caller; the libgomp this links is the one

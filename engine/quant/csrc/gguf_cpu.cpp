@@ -8,7 +8,7 @@
 // dequantize(W) @ x up to float32 summation order.
 //
 // The same body (gguf_kernels_impl.h) is compiled three times, for AVX-512, AVX2+FMA and plain
-// x86-64 / any other CPU, and the widest one the CPU supports is picked at run time. Threads come
+// x86-64 / any other CPU, and isa.cpp picks the widest one the CPU supports at run time. Threads come
 // from ATen's intra-op pool (OpenMP in torch's CPU builds), so torch.set_num_threads applies.
 #include <torch/extension.h>
 
@@ -24,6 +24,7 @@
 #include <cstring>
 #include <vector>
 
+#include "isa.h"
 #include "vec_ops.h"
 
 namespace {
@@ -68,14 +69,12 @@ BlockFormat block_format(int64_t type) {
 #define GGUF_KERNEL_X86_SIMD 1
 namespace isa_avx512 {
 #include "gguf_kernels_impl.h"
-#include "vec_kernels_impl.h"
 }
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace isa_avx2 {
 #include "gguf_kernels_impl.h"
-#include "vec_kernels_impl.h"
 }
 #undef GGUF_KERNEL_X86_SIMD
 #pragma GCC pop_options
@@ -84,33 +83,9 @@ namespace isa_avx2 {
 
 namespace isa_generic {
 #include "gguf_kernels_impl.h"
-#include "vec_kernels_impl.h"
 }
 
 namespace {
-
-enum Isa : int64_t { kAuto = -1, kGeneric = 0, kAvx2 = 1, kAvx512 = 2 };
-
-int64_t best_isa() {
-#ifdef SPECSERVE_HAVE_X86_VARIANTS
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
-        return kAvx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        return kAvx2;
-#endif
-    return kGeneric;
-}
-
-int64_t resolve_isa(int64_t isa) {
-    const int64_t best = best_isa();
-    if (isa == kAuto) return best;
-    TORCH_CHECK(isa >= kGeneric && isa <= best, "instruction set ", isa,
-                " is not available on this CPU (best: ", best, ")");
-    return isa;
-}
 
 void check_packed(const torch::Tensor& packed, int64_t type, int64_t in_features,
                   BlockFormat* format) {
@@ -264,17 +239,7 @@ torch::Tensor gguf_dequantize(const torch::Tensor& packed, int64_t type, int64_t
     return out;
 }
 
-VecOps vec_ops() {
-    const int64_t isa = best_isa();
-#ifdef SPECSERVE_HAVE_X86_VARIANTS
-    if (isa == kAvx512) return {isa_avx512::attend_heads, isa_avx512::silu_mul_row, isa_avx512::argmax_row};
-    if (isa == kAvx2) return {isa_avx2::attend_heads, isa_avx2::silu_mul_row, isa_avx2::argmax_row};
-#endif
-    return {isa_generic::attend_heads, isa_generic::silu_mul_row, isa_generic::argmax_row};
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.doc() = "GGUF block-quantized weight-only matmul on CPU (float32 activations)";
+void register_gguf_ops(pybind11::module& m) {
     m.def("matmul_out", &gguf_matmul_out, py::call_guard<py::gil_scoped_release>(), "out = x @ dequantize(packed)^T", py::arg("x"),
           py::arg("packed"), py::arg("type"), py::arg("out"), py::arg("isa") = -1);
     m.def("matmul", &gguf_matmul, py::call_guard<py::gil_scoped_release>(), "x @ dequantize(packed)^T", py::arg("x"), py::arg("packed"),
@@ -285,8 +250,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("matmul_time", []() {
         return std::make_pair(g_matmul_calls.load(), g_matmul_ns.load() * 1e-9);
     }, "(calls, seconds) spent in matmul so far, process-wide");
-    register_cpu_ops(m);
-    register_paged_attention(m);
-    register_int8_ops(m);
-    register_decoder_stack(m);
 }

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -21,6 +20,7 @@
 #endif
 
 #include "int8_layout.h"
+#include "isa.h"
 
 // The canonical order (int8_layout.h) forbids fusing a multiply into an add.
 #pragma GCC optimize("fp-contract=off")
@@ -61,59 +61,6 @@ namespace int8_avx512vnni {
 
 namespace {
 
-enum Int8Isa : int64_t {
-    kIntAuto = -1, kIntGeneric = 0, kIntAvx2 = 1, kIntAvxVnni = 2, kIntAvx512Vnni = 3
-};
-const char* const kIsaNames[] = {"generic", "avx2", "avx-vnni", "avx512-vnni"};
-
-// Whether this CPU runs a variant. Not a chain: CPUs with AVX-512 VNNI may lack AVX-VNNI.
-bool cpu_runs(int64_t isa) {
-    if (isa == kIntGeneric) return true;
-#ifdef SPECSERVE_HAVE_INT8_X86
-    __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
-    if (isa == kIntAvx2) return avx2;
-    if (isa == kIntAvxVnni) return avx2 && __builtin_cpu_supports("avxvnni");
-    if (isa == kIntAvx512Vnni)
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-#endif
-    return false;
-}
-
-int64_t cpu_int8_isa() {  // the best variant this CPU runs
-    for (int64_t isa = kIntAvx512Vnni; isa > kIntGeneric; --isa)
-        if (cpu_runs(isa)) return isa;
-    return kIntGeneric;
-}
-
-// The variant this process uses: the CPU's best, or another it runs named by SPECSERVE_INT8_ISA.
-// Fixed at the first call, so every step of a process computes the same way.
-int64_t int8_isa() {
-    static const int64_t chosen = []() -> int64_t {
-        const char* forced = std::getenv("SPECSERVE_INT8_ISA");
-        if (forced == nullptr || *forced == '\0') return cpu_int8_isa();
-        for (int64_t isa = kIntGeneric; isa <= kIntAvx512Vnni; ++isa)
-            if (std::string(forced) == kIsaNames[isa]) {
-                TORCH_CHECK(cpu_runs(isa), "SPECSERVE_INT8_ISA=", forced,
-                            " is not available on this CPU (best: ", kIsaNames[cpu_int8_isa()], ")");
-                return isa;
-            }
-        TORCH_CHECK(false, "SPECSERVE_INT8_ISA must be generic, avx2, avx-vnni or avx512-vnni, got ",
-                    forced);
-        return kIntGeneric;
-    }();
-    return chosen;
-}
-
-int64_t resolve(int64_t isa) {
-    if (isa == kIntAuto) return int8_isa();
-    TORCH_CHECK(isa >= kIntGeneric && isa <= kIntAvx512Vnni && cpu_runs(isa), "integer variant ",
-                isa, " is not available on this CPU");
-    return isa;
-}
-
 #include "int8_quantize.h"
 
 }  // namespace
@@ -132,7 +79,7 @@ void int8_matmul_rows(const float* x, int64_t N, int64_t K, int64_t x_stride,
                 "repacked weights must be a contiguous uint8 [M, K / 32 * ", block_bytes,
                 "] tensor with M a multiple of 16");
     if (N == 0 || M == 0) return;
-    const int64_t chosen = resolve(isa);
+    const int64_t chosen = resolve_int8_isa(isa);
     const Int8Rows rows = quantize_rows(x, N, K, x_stride, chosen).view();
     const int64_t num_blocks = K / 32, group_bytes = 16 * weights.size(1);
     const uint8_t* w = weights.data_ptr<uint8_t>();
@@ -207,7 +154,7 @@ void register_int8_ops(pybind11::module& m) {
                         x.size(1) % 32 == 0, "x must be float32 [N, K], K a multiple of 32");
         const int64_t N = x.size(0), num_blocks = x.size(1) / 32;
         const QuantizedRows& r = quantize_rows(x.data_ptr<float>(), N, x.size(1), x.stride(0),
-                                               resolve(isa));
+                                               resolve_int8_isa(isa));
         auto copy = [](const auto& values, auto dtype, std::vector<int64_t> shape) {
             return torch::from_blob((void*)values.data(), shape, dtype).clone();
         };
@@ -219,14 +166,14 @@ void register_int8_ops(pybind11::module& m) {
     m.def("int8_matmul_out", &int8_matmul_out, py::call_guard<py::gil_scoped_release>(),
           "out = x @ W^T on the integer path", py::arg("x"), py::arg("weights"), py::arg("type"),
           py::arg("out"), py::arg("isa") = -1);
-    m.def("int8_isa", []() { return std::string(kIsaNames[int8_isa()]); },
+    m.def("int8_isa", []() { return std::string(kInt8IsaNames[int8_isa()]); },
           "the integer variant this process uses");
     m.def("int8_cpu_isa", &cpu_int8_isa, "the best integer variant of this CPU (0 generic, 1 avx2, "
           "2 avx-vnni, 3 avx512-vnni)");
     m.def("int8_cpu_isas", []() {
         std::vector<int64_t> runs;
         for (int64_t isa = kIntGeneric; isa <= kIntAvx512Vnni; ++isa)
-            if (cpu_runs(isa)) runs.push_back(isa);
+            if (cpu_runs_int8(isa)) runs.push_back(isa);
         return runs;
     }, "every integer variant this CPU runs");
 }

@@ -1,6 +1,6 @@
 // The float32 vector kernels of a decoder layer's glue: one query head's attention over paged
-// keys and values, and SiLU. Included by gguf_cpu.cpp once per instruction set, inside its own
-// namespace and `#pragma GCC target`, after gguf_kernels_impl.h; where GGUF_KERNEL_X86_SIMD is
+// keys and values, and SiLU. Included by vec_ops.cpp once per instruction set, inside its own
+// namespace and `#pragma GCC target`, after gguf_blocks.h (for hsum); where GGUF_KERNEL_X86_SIMD is
 // defined the loops are AVX2 intrinsics, elsewhere plain C++. No system headers here.
 //
 // Whatever the variant, a query row's result depends only on that row, its keys and values, and

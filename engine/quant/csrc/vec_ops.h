@@ -1,5 +1,5 @@
 // What the extension's files share: the attention of one head and SiLU compiled for the widest
-// instruction set this CPU runs (gguf_cpu.cpp), the raw-pointer forms of the matmuls and of the
+// instruction set this CPU runs (vec_ops.cpp), the raw-pointer forms of the matmuls and of the
 // decoder layer's glue (cpu_ops.cpp) that the fused decoder stack (decoder_stack.cpp) calls, and
 // each file's registration in the one extension module.
 #pragma once
@@ -48,6 +48,7 @@ VecOps vec_ops();
 inline int64_t attend_scratch_floats(int64_t count, int64_t max_keys, int64_t D) {
     return count * ((max_keys + 7) / 8 * 8 + D + 8);
 }
+void register_gguf_ops(pybind11::module& m);
 void register_cpu_ops(pybind11::module& m);
 void register_paged_attention(pybind11::module& m);
 void register_decoder_stack(pybind11::module& m);
