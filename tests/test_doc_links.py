@@ -1,6 +1,7 @@
 """Every relative link in README.md and docs/ points at a file that exists (figures and JSON
 results the docs cite included), every `#anchor` link points at a heading of its page, and every
-`benchmarks/results/` file the docs name exists."""
+`benchmarks/results/` file the docs name exists; and every file kept there is named somewhere
+(git keeps the rest)."""
 
 from __future__ import annotations
 
@@ -109,6 +110,40 @@ def test_cited_results_exist():
     pages = doc_pages()
     cited = {str(page.relative_to(ROOT)): missing_results(page) for page in pages}
     assert cited == {name: [] for name in cited}
+
+
+BRACES = re.compile(r"([\w.\-]*)\{([\w.\-]*(?:,[\w.\-]*)+)\}([\w.\-]*)")
+CITING_SUFFIXES = (".md", ".py", ".sh", ".toml", ".yml", ".yaml", "Makefile")
+
+
+def expand_braces(text: str) -> str:
+    """`name_{a,b}.json` written out as `name_a.json name_b.json` (as the docs cite families)."""
+    return BRACES.sub(lambda m: " ".join(m.group(1) + part + m.group(3)
+                                         for part in m.group(2).split(",")), text)
+
+
+def uncited_results(root: Path = ROOT) -> list[str]:
+    """Files under benchmarks/results/ whose name (less its extension) appears in no doc, script
+    or test outside that folder."""
+    texts = [expand_braces(path.read_text(errors="replace"))
+             for path in root.rglob("*") if path.is_file() and path.name.endswith(CITING_SUFFIXES)
+             and "benchmarks/results" not in path.as_posix() and ".venv" not in path.parts]
+    corpus = "\n".join(texts)
+    return sorted(path.name for path in (root / "benchmarks" / "results").iterdir()
+                  if path.stem not in corpus)
+
+
+def test_every_kept_result_is_cited():
+    assert uncited_results() == []
+
+
+def test_an_uncited_result_is_caught(tmp_path):  # the negative control, braces included
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    for name in ("run_a.json", "run_b.json", "run_c.json", "old.png"):
+        (results / name).write_text("{}")
+    (tmp_path / "page.md").write_text("See `run_{a,b}.json`.")
+    assert uncited_results(tmp_path) == ["old.png", "run_c.json"]
 
 
 def test_a_broken_link_is_caught(tmp_path):  # the negative control
