@@ -9,6 +9,10 @@ thread by default: the question is the kernel's arithmetic, not the thread pool.
 microseconds per call and multiply-adds per second.
 
     python -m benchmarks.experiments.kernel_rows [--format Q4_1] [--threads 1] [--rows 1,2,4,8,16,32,64]
+        [--int8-variants avx512-vnni,amx-int8]
+
+With --int8-variants, each named integer variant is also timed on the same matrices in the same
+run (microseconds per call, and each one's cost relative to its own one-row call).
 
 Figures: docs/performance/vs-llamacpp.md (kernel time by rows).
 """
@@ -45,6 +49,8 @@ def main() -> None:
     parser.add_argument("--in-features", type=int, default=576)
     parser.add_argument("--matrices", type=int, default=40, help="distinct weights cycled")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--int8-variants", default="",
+                        help="integer variants to time side by side, e.g. avx512-vnni,amx-int8")
     args = parser.parse_args()
     kernel = load_kernel()
     if kernel is None:
@@ -56,7 +62,9 @@ def main() -> None:
     dense = [kernel.dequantize(w, fmt.ggml_type, K) for w in packed]
     int_type = int8.REPACKED.get(fmt.ggml_type)
     repacked = [int8.repack(w, fmt.ggml_type) for w in packed] if int_type else None
-    results, int8_one_row = [], None
+    variant_names = ["generic", "avx2", "avx-vnni", "avx512-vnni", "amx-int8"]
+    variants = [v for v in args.int8_variants.split(",") if v] if int_type else []
+    results, int8_one_row, variant_one_row = [], None, {}
     for n in (int(r) for r in args.rows.split(",")):
         x, out = torch.randn(n, K), torch.empty(n, M)
         ours = seconds_per_call(lambda w: kernel.matmul_out(x, w, fmt.ggml_type, out), packed,
@@ -77,6 +85,13 @@ def main() -> None:
             results[-1].update({"int8_us": round(integer * 1e6, 1),
                                 "int8_gmac_per_s": round(n * M * K / integer / 1e9, 2),
                                 "int8_vs_its_one_row": round(integer / int8_one_row, 2)})
+        for name in variants:
+            isa = variant_names.index(name)
+            seconds = seconds_per_call(
+                lambda w: kernel.int8_matmul_out(x, w, int_type, out, isa), repacked, args.repeats)
+            variant_one_row.setdefault(name, seconds)
+            results[-1][f"{name}_us"] = round(seconds * 1e6, 1)
+            results[-1][f"{name}_vs_its_one_row"] = round(seconds / variant_one_row[name], 2)
     print(json.dumps({"benchmark": "kernel_rows", "format": fmt.name, "shape": [M, K],
                       "threads": args.threads, "isa": kernel.best_isa(),
                       "int8_variant": kernel.int8_isa() if repacked else None,

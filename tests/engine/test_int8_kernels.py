@@ -124,7 +124,7 @@ def test_an_environment_variable_forces_a_lower_variant():
     run = lambda value: subprocess.run(  # noqa: E731
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
         env={**os.environ, "SPECSERVE_INT8_ISA": value})
-    names = ["generic", "avx2", "avx-vnni", "avx512-vnni"]
+    names = ["generic", "avx2", "avx-vnni", "avx512-vnni", "amx-int8"]
     for variant in VARIANTS:
         forced = run(names[variant])
         assert forced.returncode == 0 and forced.stdout.strip() == names[variant], forced.stderr

@@ -2,8 +2,9 @@
 // into int8 blocks and W repacked in 16-row groups (int8_layout.h), as llama.cpp computes it.
 //
 // Variants: generic C++, AVX2, AVX-VNNI (256-bit vpdpbusd: Alder Lake and later without
-// AVX-512) and AVX-512 VNNI, the best the CPU has unless SPECSERVE_INT8_ISA (generic, avx2,
-// avx-vnni, avx512-vnni) asks for another it runs; all give bitwise the same result. Threads split
+// AVX-512), AVX-512 VNNI and AMX-INT8 tiles (int8_amx_impl.h, for calls of several rows), the best
+// the CPU has (isa.cpp) unless SPECSERVE_INT8_ISA (generic, avx2, avx-vnni, avx512-vnni, amx-int8)
+// asks for another it runs; all give bitwise the same result. Threads split
 // the output columns (16 per group), so each output is computed by one thread in one way.
 #include <torch/extension.h>
 
@@ -55,9 +56,21 @@ namespace int8_avx_vnni {
 namespace int8_avx512vnni {
 #include "int8_kernels_impl.h"
 }
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")
+namespace int8_amx {
+#include "int8_kernels_impl.h"
+#include "int8_amx_impl.h"
+}
 #undef INT8_ISA
 #pragma GCC pop_options
 #endif
+
+// From this many activation rows a call runs on AMX tiles where the CPU has them; below it the
+// AVX-512 VNNI body is faster (benchmarks/experiments/kernel_rows.py). The two give bitwise the
+// same result, so a step may use either for any call.
+constexpr int64_t kAmxMinRows = 8;
 
 namespace {
 
@@ -85,7 +98,10 @@ void int8_matmul_rows(const float* x, int64_t N, int64_t K, int64_t x_stride,
     const uint8_t* w = weights.data_ptr<uint8_t>();
     at::parallel_for(0, M / 16, 4, [&](int64_t begin, int64_t end) {
 #ifdef SPECSERVE_HAVE_INT8_X86
-        if (chosen == kIntAvx512Vnni)
+        if (chosen == kIntAmx && N >= kAmxMinRows)
+            return int8_amx::matmul_groups_amx(type, w, group_bytes, num_blocks, rows, N, y,
+                                               y_stride, begin, end);
+        if (chosen == kIntAvx512Vnni || chosen == kIntAmx)
             return int8_avx512vnni::matmul_groups(type, w, group_bytes, num_blocks, rows, N, y,
                                                   y_stride, begin, end);
         if (chosen == kIntAvxVnni)
@@ -169,10 +185,10 @@ void register_int8_ops(pybind11::module& m) {
     m.def("int8_isa", []() { return std::string(kInt8IsaNames[int8_isa()]); },
           "the integer variant this process uses");
     m.def("int8_cpu_isa", &cpu_int8_isa, "the best integer variant of this CPU (0 generic, 1 avx2, "
-          "2 avx-vnni, 3 avx512-vnni)");
+          "2 avx-vnni, 3 avx512-vnni, 4 amx-int8)");
     m.def("int8_cpu_isas", []() {
         std::vector<int64_t> runs;
-        for (int64_t isa = kIntGeneric; isa <= kIntAvx512Vnni; ++isa)
+        for (int64_t isa = kIntGeneric; isa <= kIntLast; ++isa)
             if (cpu_runs_int8(isa)) runs.push_back(isa);
         return runs;
     }, "every integer variant this CPU runs");

@@ -5,6 +5,11 @@
 
 #include <cstdlib>
 #include <string>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 int64_t best_isa() {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -27,7 +32,23 @@ int64_t resolve_isa(int64_t isa) {
     return isa;
 }
 
-const char* const kInt8IsaNames[] = {"generic", "avx2", "avx-vnni", "avx512-vnni"};
+const char* const kInt8IsaNames[] = {"generic", "avx2", "avx-vnni", "avx512-vnni", "amx-int8"};
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// AMX-TILE and AMX-INT8 in CPUID (leaf 7: EDX bits 24 and 25; GCC 12's __builtin_cpu_supports
+// does not know them), and Linux's leave to use the tile data (XFEATURE_XTILEDATA = 18): without
+// it the first tile instruction kills the process. Asked once; the answer holds for every thread.
+static bool amx_usable() {
+    static const bool usable = [] {
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+        if (!((edx >> 24) & 1) || !((edx >> 25) & 1)) return false;
+        constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+        return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+    }();
+    return usable;
+}
+#endif
 
 bool cpu_runs_int8(int64_t isa) {
     if (isa == kIntGeneric) return true;
@@ -40,12 +61,13 @@ bool cpu_runs_int8(int64_t isa) {
     if (isa == kIntAvx512Vnni)
         return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    if (isa == kIntAmx) return cpu_runs_int8(kIntAvx512Vnni) && amx_usable();
 #endif
     return false;
 }
 
 int64_t cpu_int8_isa() {
-    for (int64_t isa = kIntAvx512Vnni; isa > kIntGeneric; --isa)
+    for (int64_t isa = kIntLast; isa > kIntGeneric; --isa)
         if (cpu_runs_int8(isa)) return isa;
     return kIntGeneric;
 }
@@ -54,14 +76,14 @@ int64_t int8_isa() {
     static const int64_t chosen = []() -> int64_t {
         const char* forced = std::getenv("SPECSERVE_INT8_ISA");
         if (forced == nullptr || *forced == '\0') return cpu_int8_isa();
-        for (int64_t isa = kIntGeneric; isa <= kIntAvx512Vnni; ++isa)
+        for (int64_t isa = kIntGeneric; isa <= kIntLast; ++isa)
             if (std::string(forced) == kInt8IsaNames[isa]) {
                 TORCH_CHECK(cpu_runs_int8(isa), "SPECSERVE_INT8_ISA=", forced,
                             " is not available on this CPU (best: ",
                             kInt8IsaNames[cpu_int8_isa()], ")");
                 return isa;
             }
-        TORCH_CHECK(false, "SPECSERVE_INT8_ISA must be generic, avx2, avx-vnni or avx512-vnni, got ",
+        TORCH_CHECK(false, "SPECSERVE_INT8_ISA must be generic, avx2, avx-vnni, avx512-vnni or amx-int8, got ",
                     forced);
         return kIntGeneric;
     }();
@@ -70,7 +92,7 @@ int64_t int8_isa() {
 
 int64_t resolve_int8_isa(int64_t isa) {
     if (isa == kIntAuto) return int8_isa();
-    TORCH_CHECK(isa >= kIntGeneric && isa <= kIntAvx512Vnni && cpu_runs_int8(isa),
+    TORCH_CHECK(isa >= kIntGeneric && isa <= kIntLast && cpu_runs_int8(isa),
                 "integer variant ", isa, " is not available on this CPU");
     return isa;
 }

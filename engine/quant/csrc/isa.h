@@ -11,9 +11,12 @@ enum FloatIsa : int64_t { kAuto = -1, kGeneric = 0, kAvx2 = 1, kAvx512 = 2 };
 int64_t best_isa();
 int64_t resolve_isa(int64_t isa);  // kAuto -> best_isa(); refuses one the CPU cannot run
 
-// Integer kernels. Not a chain: CPUs with AVX-512 VNNI may lack AVX-VNNI.
+// Integer kernels. Not a chain: CPUs with AVX-512 VNNI may lack AVX-VNNI. AMX-INT8 also needs
+// AVX-512 VNNI (its few-row calls run there) and the kernel's leave to use the tiles, asked once
+// per process (arch_prctl ARCH_REQ_XCOMP_PERM).
 enum Int8Isa : int64_t {
-    kIntAuto = -1, kIntGeneric = 0, kIntAvx2 = 1, kIntAvxVnni = 2, kIntAvx512Vnni = 3
+    kIntAuto = -1, kIntGeneric = 0, kIntAvx2 = 1, kIntAvxVnni = 2, kIntAvx512Vnni = 3, kIntAmx = 4,
+    kIntLast = kIntAmx
 };
 extern const char* const kInt8IsaNames[];  // as SPECSERVE_INT8_ISA names them
 bool cpu_runs_int8(int64_t isa);
