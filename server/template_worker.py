@@ -5,8 +5,9 @@ server's own process could spin a thread forever or grow its memory without boun
 stops file and attribute access, not loops or `'x' * 10**10`). Here it renders under an address
 space limit, and the parent kills the whole process when it overruns its time.
 
-It renders exactly as `tokenizer.apply_chat_template(..., tokenize=False)` does, with transformers'
-own `render_jinja_template`. It speaks frames on stdin and stdout: a decimal byte count on a line,
+It renders exactly as `tokenizer.apply_chat_template(..., tokenize=False)` does, with jinja2 and
+our own copy of the environment transformers defines (server/chat_render.py): without transformers
+a worker is ~20 MB resident, not ~60. It speaks frames on stdin and stdout: a decimal byte count on a line,
 then that many bytes of JSON. The first frame in is the setup (the tokenizer's special tokens and
 the limits); each later frame is one rendering, answered by `{"text"}` or `{"error", "message"}`.
 """
@@ -42,15 +43,12 @@ def write_frame(stream: BinaryIO, value: dict) -> None:
 
 
 def render(setup: dict, request: dict) -> dict:
-    from transformers.utils.chat_template_utils import render_jinja_template
+    from server.chat_render import render_chat
 
-    # As apply_chat_template normalizes them: keys whose value is None are dropped.
-    messages = [{k: v for k, v in m.items() if v is not None} for m in request["messages"]]
     try:
-        texts, _ = render_jinja_template(
-            conversations=[messages], tools=request["tools"], chat_template=request["template"],
-            add_generation_prompt=request["add_generation_prompt"], **setup["special_tokens"])
-        size = len(texts[0].encode())
+        text = render_chat(request["template"], request["messages"], request["tools"],
+                           request["add_generation_prompt"], setup["special_tokens"])
+        size = len(text.encode())
     except MemoryError:
         return {"error": "memory", "message": "the rendering ran out of its memory limit"}
     except RecursionError:
@@ -60,7 +58,7 @@ def render(setup: dict, request: dict) -> dict:
         return {"error": "template", "message": message}
     if size > setup["max_bytes"]:
         return {"error": "size", "message": f"the rendered prompt is {size} bytes"}
-    return {"text": texts[0]}
+    return {"text": text}
 
 
 def _is_template_error(error: Exception) -> bool:
@@ -70,7 +68,7 @@ def _is_template_error(error: Exception) -> bool:
 
 
 def _limit_memory(budget_bytes: int) -> None:
-    """Address space: what is mapped now (the interpreter, jinja2, transformers' utilities) plus
+    """Address space: what is mapped now (the interpreter, jinja2) plus
     `budget_bytes`, so a runaway template gets MemoryError, not the machine's memory."""
     with open("/proc/self/status") as status:
         vm_kib = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
@@ -92,7 +90,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the server's to handle
     source, sink = sys.stdin.buffer, sys.stdout.buffer
     setup = read_frame(source)
-    import transformers.utils.chat_template_utils  # noqa: F401  (mapped before the limit)
+    import server.chat_render  # noqa: F401  (jinja2 mapped before the limit)
 
     _limit_memory(setup["memory_bytes"])
     write_frame(sink, {"ready": True})

@@ -32,6 +32,20 @@ TOOLS_TEMPLATE = (
     "{{ c.function | tojson }}</tool_call>{% endfor %}{% if m.tool_call_id is defined %}"
     " ({{ m.tool_call_id }}){% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# What templates of other families use: a namespace, loop controls, a generation block, tojson's
+# options, dict(), the reasoning field under its aliases, and an underscore namespace attribute
+# (refused by both renderers).
+FEATURES_TEMPLATE = (
+    "{% set ns = namespace(turns=0) %}{% for m in messages %}"
+    "{% if m.role == 'system' %}{% continue %}{% endif %}{% set ns.turns = ns.turns + 1 %}"
+    "{% if m.role == 'assistant' %}{% generation %}A: {{ m.content }}{% endgeneration %}"
+    "{% else %}{{ m.role }}: {{ m.content }}{% endif %}\n"
+    "{% if m.reasoning_content is defined %}[{{ m.reasoning_content }}|{{ m.thinking }}]{% endif %}"
+    "{% if loop.index > 4 %}{% break %}{% endif %}{% endfor %}"
+    "{{ dict(turns=ns.turns, first=messages[0].role) | tojson(indent=2, sort_keys=true) }}"
+    "{% if tools %}{{ tools | tojson(separators=(',', ':')) }}{% endif %}"
+    "{% if messages[0].content == 'Escape' %}{% set ns._secret = 1 %}{% endif %}"
+    "{% if add_generation_prompt %}{{ bos_token }}A:{% endif %}")
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Héllo ✓ \u2028"},
@@ -40,6 +54,11 @@ CONVERSATIONS = [
      {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
       "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
      {"role": "tool", "content": "21 C", "tool_call_id": "c1"}],
+    [{"role": "user", "content": "Why?"},
+     {"role": "assistant", "content": "Because.", "reasoning": "short <b>&</b> ✓"},
+     {"role": "user", "content": "More"}, {"role": "assistant", "content": "No."},
+     {"role": "user", "content": "5"}, {"role": "user", "content": "6"}],
+    [{"role": "user", "content": "Escape"}],
 ]
 TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Now",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -56,7 +75,7 @@ def _run(coroutine_function, limits=TemplateLimits(timeout_s=2.0), special_token
     return asyncio.run(main())
 
 
-@pytest.mark.parametrize("template", ["model", TOOLS_TEMPLATE])
+@pytest.mark.parametrize("template", ["model", TOOLS_TEMPLATE, FEATURES_TEMPLATE])
 def test_renders_exactly_as_transformers(default_model_folder, template):
     """Text for text, and an error where transformers fails too (the model's own template reads
     `content`, which a tool-calling turn without text does not have)."""
@@ -84,6 +103,7 @@ def test_renders_exactly_as_transformers(default_model_folder, template):
                                                  add_generation_prompt=generation, tokenize=False)
         except (TemplateError, TypeError):  # some transformers releases (5.17) let the
             return "error"                  # template's own TypeError through unwrapped
+        # (SecurityError is a TemplateError)
 
     rendered = _run(render_all, special_tokens=dict(tokenizer.special_tokens_map))
     assert rendered == [transformers_render(*case) for case in cases]
@@ -91,9 +111,34 @@ def test_renders_exactly_as_transformers(default_model_folder, template):
     assert rendered[0] != rendered[1]
     if template == "model":
         assert rendered.count("error") == 4  # the tool-calling conversation, both ways
-    else:
+    elif template == TOOLS_TEMPLATE:
         assert "error" not in rendered
         assert "<tools>" in rendered[2] and "<tool_call>" in rendered[8]
+    else:  # every feature took part: the break, the aliases, the options, the refusal
+        assert rendered[-4:] == ["error"] * 4 and rendered.count("error") == 4
+        assert "user: 6" not in rendered[12] and "[short <b>&</b> ✓|short" in rendered[12]
+        assert '"turns": 5' in rendered[12] and '"function":{' in rendered[14]
+
+
+def test_a_template_worker_does_not_load_transformers():
+    """A worker renders with jinja2 alone (server/chat_render.py): resident memory near the
+    interpreter's. The control: the module the workers used to import costs ~40 MB more."""
+    import subprocess
+    import sys
+
+    def resident_mb(code: str) -> float:
+        # VmRSS, not ru_maxrss: Linux carries the peak across exec from the forking parent.
+        probe = (f"{code}\nimport sys\n"
+                 "rss = next(l for l in open('/proc/self/status') if l.startswith('VmRSS:'))\n"
+                 "print(int(rss.split()[1]) / 1024, 'transformers' in sys.modules)")
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             check=True, timeout=120).stdout.split()
+        return float(out[0]), out[1] == "True"
+
+    ours, loaded = resident_mb("import server.template_worker, server.chat_render")
+    theirs, _ = resident_mb("import transformers.utils.chat_template_utils")
+    assert not loaded and ours < 30
+    assert theirs > ours + 25
 
 
 def test_every_attack_is_stopped_and_the_pool_keeps_serving():
