@@ -22,7 +22,7 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from server.context import ServerContext
 from server.errors import bad_request, client_gone
-from server.protocol import SamplingFields, SpeculativeUsage, Usage
+from server.protocol import PromptTokensDetails, SamplingFields, SpeculativeUsage, Usage
 from server.streaming import EventStreamResponse
 
 T = TypeVar("T")
@@ -242,14 +242,20 @@ def requested_max_tokens(body: SamplingFields) -> int | None:
 
 
 def build_usage(prompts: list[Prompt], finals: list[RequestOutput]) -> Usage:
+    """`finals` in choice order, n per prompt. A prompt counts once, as OpenAI counts it, and so
+    do its cached tokens: those its first choice found (its other choices start after it has
+    prefilled, so they find the whole prompt cached)."""
     stats = SpecStats()
     for final in finals:
         stats.merge(final.spec_stats)
     prompt_tokens = sum(len(p.token_ids) for p in prompts)
     completion_tokens = sum(len(final.token_ids) for final in finals)
+    n = len(finals) // max(len(prompts), 1)
+    cached_tokens = sum(final.num_cached_tokens for final in finals[::n]) if n else 0
     return Usage(
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
         speculative=SpeculativeUsage(
             num_drafts=stats.num_drafts, draft_tokens=stats.num_draft_tokens,
             accepted_tokens=stats.num_accepted_tokens,
