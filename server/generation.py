@@ -10,6 +10,7 @@ prompt's cached KV blocks.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -220,7 +221,8 @@ async def respond(request: Request, context: ServerContext, response, choices: l
                   stream: bool):
     """Runs the choices and answers: an SSE stream of `response.events`, or, once every choice
     has finished, `response.complete` (nothing at all if the client left first). Either way the
-    engine requests end with the response."""
+    engine requests end with the response. `complete` may be a coroutine (the Responses API
+    stores the response before answering)."""
     fanout = FanOut(context, response.id, choices, final_only=not stream)
     if stream:
         return EventStreamResponse(response.events(fanout), on_close=fanout.aclose,
@@ -231,7 +233,8 @@ async def respond(request: Request, context: ServerContext, response, choices: l
         return client_gone().response()
     finally:
         await fanout.aclose()
-    return response.complete(finals)
+    result = response.complete(finals)
+    return await result if inspect.isawaitable(result) else result
 
 
 def requested_max_tokens(body: SamplingFields) -> int | None:
