@@ -184,3 +184,16 @@ def test_input_image_is_refused(server):
     response = httpx.post(f"{server.base_url}/v1/responses", json=body, timeout=60)
     assert_error(response, 400)
     assert "input" in response.json()["error"]["param"]
+
+
+def test_input_items_page_in_either_order(client, server):
+    words = ["one", "two", "three"]
+    created = client.responses.create(
+        model=server.model, max_output_tokens=1,
+        input=[{"role": "user", "content": word} for word in words])
+    texts = lambda page: [item.content[0].text for item in page.data]  # noqa: E731
+    assert texts(client.responses.input_items.list(created.id)) == words[::-1]  # desc: default
+    first = client.responses.input_items.list(created.id, order="asc", limit=2)
+    assert texts(first) == words[:2] and first.has_more
+    rest = client.responses.input_items.list(created.id, order="asc", after=first.last_id)
+    assert texts(rest) == words[2:] and not rest.has_more
