@@ -8,6 +8,7 @@ Probes and the graceful drain live in `server/lifecycle.py`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from contextlib import asynccontextmanager
@@ -35,6 +36,7 @@ from server.responses.store import ResponseStore, default_path
 from server.templates import ChatTemplates, TemplateLimitError
 
 VERSION = "0.1.0"
+logger = logging.getLogger(__name__)
 
 __all__ = ["VERSION", "ServerSettings", "build_app"]
 
@@ -133,11 +135,19 @@ async def _start_templates(tokenizer, settings: ServerSettings) -> ChatTemplates
 
 
 def _open_response_store(settings: ServerSettings) -> ResponseStore:
+    """--response-store's file; one that cannot be opened stops the server. The default file
+    (in the cache folder, which may be read-only in a container) falls back to memory, said in
+    the log."""
     path = settings.response_store or default_path()
+    max_bytes = int(settings.response_store_max_mb * 1024 * 1024)
     try:
-        return ResponseStore(path, int(settings.response_store_max_mb * 1024 * 1024))
+        return ResponseStore(path, max_bytes)
     except Exception as error:  # sqlite3.Error, OSError: a path that cannot be a database
-        _exit_with(f"--response-store {path}: {error}", 2)
+        if settings.response_store is not None:
+            _exit_with(f"--response-store {path}: {error}", 2)
+        logger.warning("stored responses kept in memory only: cannot open %s (%s); set "
+                       "--response-store", path, error)
+        return ResponseStore(":memory:", max_bytes)
 
 
 def _exit_with(message: str, status: int) -> None:
