@@ -56,8 +56,20 @@ def input_items(body: ResponsesRequest) -> list:
     else:
         items = list(body.input)
     prefixes = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
-    return [item if item.id else item.model_copy(update={"id": new_id(prefixes[item.type])})
-            for item in items]
+    out = []
+    for item in items:
+        # Listed as OpenAI lists them: an id and a status on each item, a message's content
+        # always as parts.
+        update = {"status": item.status or "completed"}
+        if not item.id:
+            update["id"] = new_id(prefixes[item.type])
+        if isinstance(item, MessageItem):
+            if isinstance(item.content, str):
+                kind = "output_text" if item.role == "assistant" else "input_text"
+                update["content"] = [InputText(type=kind, text=item.content,
+                                               annotations=[] if kind == "output_text" else None)]
+        out.append(item.model_copy(update=update))
+    return out
 
 
 def chat_request(body: ResponsesRequest, history: list, items: list) -> ChatCompletionRequest:

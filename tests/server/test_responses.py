@@ -197,3 +197,25 @@ def test_input_items_page_in_either_order(client, server):
     assert texts(first) == words[:2] and first.has_more
     rest = client.responses.input_items.list(created.id, order="asc", after=first.last_id)
     assert texts(rest) == words[2:] and not rest.has_more
+
+
+def test_the_wire_shapes_validate_strictly_as_the_sdks_types(server):
+    """The SDK builds its objects leniently; here every object and event must validate as its
+    own type, whole and streamed, a function call among them."""
+    from openai.types.responses import ResponseItem, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    body = {"model": server.model, "input": "Weather in Oslo?", "tools": [WEATHER],
+            "tool_choice": "required", "max_output_tokens": 30, "temperature": 0}
+    url = f"{server.base_url}/v1/responses"
+    whole = Response.model_validate(httpx.post(url, json=body, timeout=120).json(), strict=False)
+    assert whole.output[0].type == "function_call"
+    items = httpx.get(f"{url}/{whole.id}/input_items", timeout=30).json()["data"]
+    assert [type(TypeAdapter(ResponseItem).validate_python(i)).__name__ for i in items] == \
+        ["ResponseInputMessageItem"]
+    events = TypeAdapter(ResponseStreamEvent)
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as stream:
+        lines = [line[len("data: "):] for line in stream.iter_lines() if line.startswith("data: ")]
+    parsed = [events.validate_json(line) for line in lines]
+    assert parsed[-1].type == "response.completed"
+    assert parsed[-1].response.output[0].type == "function_call"
