@@ -160,6 +160,7 @@ OutputItem = OutputMessage | OutputFunctionCall
 
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0
+    cache_write_tokens: int = 0  # OpenAI's explicit cache writes: there are none here
 
 
 class OutputTokensDetails(BaseModel):
