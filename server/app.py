@@ -8,6 +8,7 @@ Probes and the graceful drain live in `server/lifecycle.py`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from contextlib import asynccontextmanager
@@ -17,7 +18,7 @@ from fastapi.responses import Response
 
 from engine import AsyncEngine, EngineConfig
 from engine.metrics.stat_logger import PeriodicStatLogger
-from server import chat, completions, metrics
+from server import chat, completions, metrics, tokenize
 from server.connections import AcceptErrorLog
 from server.context import (
     Admission,
@@ -30,9 +31,12 @@ from server.errors import APIError, install_error_handlers
 from server.lifecycle import Lifecycle
 from server.limits import BodySizeLimitMiddleware
 from server.protocol import ModelCard, ModelList
+from server.responses import routes as responses_routes
+from server.responses.store import ResponseStore, default_path
 from server.templates import ChatTemplates, TemplateLimitError
 
 VERSION = "0.1.0"
+logger = logging.getLogger(__name__)
 
 __all__ = ["VERSION", "ServerSettings", "build_app"]
 
@@ -58,6 +62,7 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
                                 settings, Admission(settings.max_queue,
                                           settings.max_completions_per_request))
         context.templates = await _start_templates(engine.tokenizer, settings)
+        context.response_store = await asyncio.to_thread(_open_response_store, settings)
         await lifecycle.start(context)  # before the metrics listeners: warm-up is not traffic
         server_metrics.attach_engine(context)
         context.server_metrics = server_metrics
@@ -66,6 +71,7 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
         yield
         if context.templates is not None:
             await context.templates.close()
+        context.response_store.close()
         engine.shutdown()
 
     app = FastAPI(title="specserve", version=VERSION, lifespan=lifespan)
@@ -77,6 +83,8 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
     install_error_handlers(app)
     app.include_router(completions.router)
     app.include_router(chat.router)
+    app.include_router(responses_routes.router)
+    app.include_router(tokenize.router)
 
     @app.get("/health")
     async def health():
@@ -124,6 +132,22 @@ async def _start_templates(tokenizer, settings: ServerSettings) -> ChatTemplates
         await templates.close()
         _exit_with(f"the chat template {error} on a sample conversation", 2)
     return templates
+
+
+def _open_response_store(settings: ServerSettings) -> ResponseStore:
+    """--response-store's file; one that cannot be opened stops the server. The default file
+    (in the cache folder, which may be read-only in a container) falls back to memory, said in
+    the log."""
+    path = settings.response_store or default_path()
+    max_bytes = int(settings.response_store_max_mb * 1024 * 1024)
+    try:
+        return ResponseStore(path, max_bytes)
+    except Exception as error:  # sqlite3.Error, OSError: a path that cannot be a database
+        if settings.response_store is not None:
+            _exit_with(f"--response-store {path}: {error}", 2)
+        logger.warning("stored responses kept in memory only: cannot open %s (%s); set "
+                       "--response-store", path, error)
+        return ResponseStore(":memory:", max_bytes)
 
 
 def _exit_with(message: str, status: int) -> None:

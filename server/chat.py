@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request
 
@@ -50,24 +51,40 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: Request, context: ServerContext = Depends(get_context)):
     body = await parse_body(request, ChatCompletionRequest)
-    context.check_model(body.model)
     check_stream_options(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
+    plan = await prepare_chat(context, body)
+    response = _Response(context, body, plan.prompt, plan.choices, plan.tools)
+    return await respond(request, context, response, plan.choices, body.stream)
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    """A chat request made ready for the engine: its prompt, its validated choices and tools."""
+
+    prompt: Prompt
+    choices: list[Choice]
+    tools: ToolPlan | None
+
+
+async def prepare_chat(context: ServerContext, body: ChatCompletionRequest) -> ChatPlan:
+    """Everything between a parsed chat request and the engine: tools, the structured-output
+    constraint, the chat template, sampling parameters and the engine's own checks. The
+    Responses API (server/responses/) comes through here too, so both run the same path."""
+    context.check_model(body.model)
     context.admission.check_size(body.n, f"n={body.n}")
     tools = plan_tools(body)
     structured = await prepare_constraint(context, body, tools)
-    prompt = await _render_prompt(context, body, tools)
+    prompt = await render_prompt(context, body, tools)
     requested = requested_max_tokens(body)  # None: the default for this endpoint
     num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(context, body, prompt, requested, num_logprobs, structured)
-    choices = plan_choices(context, [prompt], [params], body.n)
-    response = _Response(context, body, prompt, choices, tools)
-    return await respond(request, context, response, choices, body.stream)
+    return ChatPlan(prompt, plan_choices(context, [prompt], [params], body.n), tools)
 
 
-async def _render_prompt(context: ServerContext, body: ChatCompletionRequest,
-                         tools: ToolPlan | None) -> Prompt:
+async def render_prompt(context: ServerContext, body: ChatCompletionRequest,
+                        tools: ToolPlan | None) -> Prompt:
     """The messages through the model's chat template (in a renderer process, under its limits),
     then the tokenizer (on a thread: a long prompt takes milliseconds)."""
     tokenizer = context.engine.tokenizer
@@ -87,7 +104,7 @@ async def _render_prompt(context: ServerContext, body: ChatCompletionRequest,
     return Prompt(ids, text)
 
 
-def _tool_reason(reason: str | None, called: bool) -> str | None:
+def tool_reason(reason: str | None, called: bool) -> str | None:
     return "tool_calls" if called and reason == "stop" else reason
 
 
@@ -118,7 +135,7 @@ class _Response:
             return AssistantMessage(content=final.text), reason
         content, calls = parse_output(self.tools, final.text)
         return (AssistantMessage(content=content, tool_calls=calls or None),
-                _tool_reason(reason, bool(calls)))
+                tool_reason(reason, bool(calls)))
 
     def complete(self, finals: dict) -> ChatCompletionResponse:
         out = []
@@ -156,7 +173,7 @@ class _Response:
                     logprobs = None  # once per output
                 if output.finished:
                     finals[index] = output
-                    reason = _tool_reason(finish_reason(output), stream.called)
+                    reason = tool_reason(finish_reason(output), stream.called)
                     yield event(self._chunk([ChatChunkChoice(
                         index=index, delta={}, finish_reason=reason)]), with_usage)
             if with_usage:

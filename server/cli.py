@@ -25,7 +25,8 @@ def add_serve_parser(commands) -> None:
     serve = commands.add_parser(
         "serve", help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
-                    "/v1/chat/completions, /v1/models, /health, /version, /metrics).")
+                    "/v1/chat/completions, /v1/responses, /v1/models, /tokenize, "
+                    "/detokenize, /health, /version, /metrics).")
     add_serve_arguments(serve)
 
 
@@ -136,7 +137,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="name prefix of the /metrics series; 'vllm' makes dashboards and tools "
                         "built for vLLM work unchanged (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("SPECSERVE_API_KEY"),
-                   help="require this bearer token (env SPECSERVE_API_KEY)")
+                   help="require this bearer token (env SPECSERVE_API_KEY); several keys "
+                        "comma-separated, each seeing only its own stored responses")
+    p.add_argument("--response-store", default=None, metavar="PATH",
+                   help="SQLite file of stored responses (/v1/responses), or :memory: "
+                        "(default: responses.sqlite3 under the cache folder)")
+    p.add_argument("--response-store-max-mb", type=float, default=1024.0,
+                   help="stored responses kept at most, oldest dropped first "
+                        "(default: %(default)s)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"], help="logging verbosity")
 
@@ -204,6 +212,9 @@ def run_serve(args: argparse.Namespace) -> None:
                             ("--engine-step-timeout", args.engine_step_timeout)):
             if not value > 0:
                 raise ValueError(f"{flag} must be > 0 seconds, got {value}")
+        if not args.response_store_max_mb > 0:
+            raise ValueError("--response-store-max-mb must be > 0, got "
+                             f"{args.response_store_max_mb}")
         if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", args.metrics_prefix):
             raise ValueError(f"--metrics-prefix must be letters, digits and underscores, got "
                              f"{args.metrics_prefix!r}")
@@ -230,6 +241,8 @@ def run_serve(args: argparse.Namespace) -> None:
                               drain_timeout_s=args.drain_timeout,
                               engine_step_timeout_s=args.engine_step_timeout,
                               chat_template=chat_template,
+                              response_store=args.response_store,
+                              response_store_max_mb=args.response_store_max_mb,
                               template_limits=templates.TemplateLimits(
                                   args.chat_template_timeout, args.chat_template_max_bytes,
                                   args.chat_template_workers))

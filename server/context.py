@@ -35,6 +35,8 @@ class ServerSettings:
     engine_step_timeout_s: float = DEFAULT_ENGINE_STEP_TIMEOUT_S  # a longer step fails /health
     chat_template: str | None = None  # replaces the model's own (--chat-template)
     template_limits: TemplateLimits = TemplateLimits()
+    response_store: str | None = None  # SQLite file of stored responses; None: the cache's
+    response_store_max_mb: float = 1024.0  # past this, the oldest stored responses go
 
 
 class Admission:
@@ -102,6 +104,7 @@ class ServerContext:
     created: int = field(default_factory=lambda: int(time.time()))
     server_metrics: object | None = None  # server.metrics.ServerMetrics, once serving
     templates: ChatTemplates | None = None  # None: the model has no chat template
+    response_store: object | None = None  # server.responses.store.ResponseStore, once serving
 
     @property
     def max_model_len(self) -> int:
@@ -136,5 +139,8 @@ def require_api_key(request: Request) -> None:
     if scheme.lower() != "bearer" or not token.strip():
         raise APIError(401, "You didn't provide an API key. Send it as `Authorization: Bearer "
                        "<key>`.", code="invalid_api_key")
-    if not hmac.compare_digest(token.strip().encode(), expected.encode()):
+    # Several keys: comma-separated. Each key's stored responses are its own.
+    token = token.strip().encode()
+    if not any([hmac.compare_digest(token, key.strip().encode())
+                for key in expected.split(",") if key.strip()]):
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")

@@ -10,6 +10,7 @@ prompt's cached KV blocks.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -22,7 +23,7 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from server.context import ServerContext
 from server.errors import bad_request, client_gone
-from server.protocol import SamplingFields, SpeculativeUsage, Usage
+from server.protocol import PromptTokensDetails, SamplingFields, SpeculativeUsage, Usage
 from server.streaming import EventStreamResponse
 
 T = TypeVar("T")
@@ -220,7 +221,8 @@ async def respond(request: Request, context: ServerContext, response, choices: l
                   stream: bool):
     """Runs the choices and answers: an SSE stream of `response.events`, or, once every choice
     has finished, `response.complete` (nothing at all if the client left first). Either way the
-    engine requests end with the response."""
+    engine requests end with the response. `complete` may be a coroutine (the Responses API
+    stores the response before answering)."""
     fanout = FanOut(context, response.id, choices, final_only=not stream)
     if stream:
         return EventStreamResponse(response.events(fanout), on_close=fanout.aclose,
@@ -231,7 +233,8 @@ async def respond(request: Request, context: ServerContext, response, choices: l
         return client_gone().response()
     finally:
         await fanout.aclose()
-    return response.complete(finals)
+    result = response.complete(finals)
+    return await result if inspect.isawaitable(result) else result
 
 
 def requested_max_tokens(body: SamplingFields) -> int | None:
@@ -242,14 +245,20 @@ def requested_max_tokens(body: SamplingFields) -> int | None:
 
 
 def build_usage(prompts: list[Prompt], finals: list[RequestOutput]) -> Usage:
+    """`finals` in choice order, n per prompt. A prompt counts once, as OpenAI counts it, and so
+    do its cached tokens: those its first choice found (its other choices start after it has
+    prefilled, so they find the whole prompt cached)."""
     stats = SpecStats()
     for final in finals:
         stats.merge(final.spec_stats)
     prompt_tokens = sum(len(p.token_ids) for p in prompts)
     completion_tokens = sum(len(final.token_ids) for final in finals)
+    n = len(finals) // max(len(prompts), 1)
+    cached_tokens = sum(final.num_cached_tokens for final in finals[::n]) if n else 0
     return Usage(
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
         speculative=SpeculativeUsage(
             num_drafts=stats.num_drafts, draft_tokens=stats.num_draft_tokens,
             accepted_tokens=stats.num_accepted_tokens,

@@ -166,10 +166,15 @@ class SpeculativeUsage(BaseModel):
     mean_acceptance_length: float = 0.0  # tokens per verify step, accepted drafts + 1
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache, whole KV blocks
+
+
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
     speculative: SpeculativeUsage = Field(default_factory=SpeculativeUsage)
 
 

@@ -188,6 +188,11 @@ class Scheduler:
                 if status is not None:
                     break
             if status is not None:
+                # Cached before the blocks are freed: a request that ends on its first step
+                # (max_tokens=1) leaves its prompt for the next one as any other does. A stop
+                # among accepted drafts cut the tokens short of what was computed.
+                self.block_manager.cache_full_blocks(
+                    request, min(request.num_computed_tokens, request.num_tokens))
                 self.finish(request, status)
                 finished.append(request)
                 continue

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from engine.grammar.schema import close_objects
+
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
 # JSON is written as `json.dumps` writes it ("a": 1, "b": [1, 2]): the style models emit on their
@@ -51,6 +53,7 @@ def grammar_text(constraint: Constraint) -> str:
         schema = {"type": "object"} if kind == "json_object" else _json(spec, "schema")
         if not isinstance(schema, (dict, bool)):
             raise ValueError("a JSON schema must be an object")
+        schema = close_objects(schema)  # unlisted properties refused unless allowed
         return LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE)
     if kind == "regex":
         return LLMatcher.grammar_from_regex(spec)

@@ -159,3 +159,16 @@ def test_prompt_too_long_is_rejected_with_both_numbers(default_llm):
     limit = default_llm.engine.limits.max_model_len
     with pytest.raises(ValueError, match=rf"maximum context length is {limit}.*max_tokens is"):
         default_llm.generate("hi", SamplingParams(max_tokens=limit))
+
+
+def test_a_request_that_ends_on_its_first_step_leaves_its_prompt_cached(default_llm):
+    """max_tokens=1 finishes in the prefill step; its full blocks are cached before they are
+    freed (they were not: the next identical prompt found nothing). The control: a prompt never
+    seen before finds nothing."""
+    prompt = "A prompt for the one-step prefix cache test, " * 4
+    one = SamplingParams(max_tokens=1, temperature=0)
+    [first] = default_llm.generate(prompt, one)
+    [again] = default_llm.generate(prompt, one)
+    assert first.num_cached_tokens == 0
+    assert again.num_cached_tokens == 16 * ((len(first.prompt_token_ids) - 1) // 16) > 0
+    _assert_all_blocks_free(default_llm)

@@ -11,7 +11,8 @@ FLAGS = ["--host", "--port", "--model", "--served-model-name", "--dtype", "--spe
          "--num-speculative-tokens", "--draft-model", "--draft-head", "--eagle-ngram-min",
          "--draft-layers", "--max-model-len",
          "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-memory", "--num-kv-blocks",
-         "--max-queue", "--metrics-prefix", "--api-key", "--log-level"]
+         "--max-queue", "--metrics-prefix", "--api-key", "--log-level", "--response-store",
+         "--response-store-max-mb"]
 
 
 def test_help_documents_every_flag():
