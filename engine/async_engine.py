@@ -120,11 +120,11 @@ class AsyncEngine:
         self.engine.add_stat_listener(listener)
 
     def validate(self, prompt: str | list[int], params: SamplingParams,
-                 request_id: str | None = None) -> Request:
+                 request_id: str | None = None, cache_salt: str = "") -> Request:
         """Tokenizes and checks a request against the engine's limits (ValueError with a message
         fit for an API client); `generate` takes what this returns, so a request is checked
         once."""
-        return self.engine.make_request(prompt, params, request_id)
+        return self.engine.make_request(prompt, params, request_id, cache_salt)
 
     @property
     def is_running(self) -> bool:

@@ -46,6 +46,10 @@ class Request:
     eos_token_ids: frozenset[int] = frozenset()
     prompt_text: str | None = None  # None when the prompt came as token ids
     arrival_time: float = field(default_factory=time.monotonic)
+    # The tenant partition of what the engine caches across requests: prefix-cache blocks and
+    # the suffix proposer's global trie are only shared between requests with equal salts (the
+    # server joins the API key's identity and the request's `cache_salt`).
+    cache_salt: str = ""
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
