@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from engine.core.request import Request, RequestStatus
 from engine.spec_decode.proposer import Proposal, Proposer
 from engine.spec_decode.suffix_cache import GlobalSuffixCache, SuffixCacheStats
-from engine.spec_decode.suffix_tree import Draft, Node, SuffixTrie, advance, draft_from, match
+from engine.spec_decode.suffix_tree import Draft, SuffixTrie, advance, draft_from, match
 
 ValidPrefix = Callable[[list[int]], int]  # how many leading tokens a grammar allows
 # Prompt tokens put in the global trie before a finished request's output: the end of a prompt
@@ -41,12 +41,12 @@ class _RequestSuffixes:
 
     def __init__(self, max_depth: int, version: int):
         self.local = SuffixTrie(max_depth)
-        self.active: list[Node] = []  # local nodes of the context's suffixes, shortest first
+        self.active: list[int] = []  # local nodes of the context's suffixes, shortest first
         self.num_indexed = 0  # leading context tokens inserted into `local`
         self.version = version  # the request's num_truncations when `local` was built
         self.global_trie: SuffixTrie | None = None
         self.global_version = -1
-        self.global_matched: list[Node] = []
+        self.global_matched: list[int] = []
         self.num_global_matched = 0  # leading context tokens `global_matched` has read
 
 
@@ -104,10 +104,10 @@ class SuffixProposer(Proposer):
             if global_trie is not None:
                 global_matched = advance(global_trie, global_matched, token_id)
         settings = self.settings
-        candidates = [draft_from(matched, num_tokens, settings.max_depth,
-                                 settings.max_spec_factor, settings.min_token_prob)]
+        candidates = [draft_from(local, matched, num_tokens, settings.max_spec_factor,
+                                 settings.min_token_prob)]
         if global_trie is not None:
-            candidates.append(draft_from(global_matched, num_tokens, settings.max_depth,
+            candidates.append(draft_from(global_trie, global_matched, num_tokens,
                                          settings.max_spec_factor, settings.min_token_prob))
         drafts: list[Draft] = sorted((c for c in candidates if c is not None),
                                      key=lambda d: d.score, reverse=True)
