@@ -111,6 +111,11 @@ class AsyncEngine:
         blocks = self.engine.block_manager
         return blocks.num_free_blocks, blocks.num_blocks
 
+    def suffix_cache_stats(self):
+        """The suffix proposer's global cache (a SuffixCacheStats), or None without one."""
+        proposer = self.engine.proposer
+        return proposer.cache_stats() if hasattr(proposer, "cache_stats") else None
+
     def is_idle(self) -> bool:
         """Nothing running, waiting or in flight, and every KV block free."""
         return not self.engine.has_unfinished() and self.engine.block_manager.usage == 0.0

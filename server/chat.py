@@ -35,6 +35,7 @@ from server.protocol import (
 from server.streaming import DONE, error_event, event
 from server.structured import prepare_constraint
 from server.templates import TemplateLimitError
+from server.tenants import cache_partition
 from server.tools import (
     ToolCallStream,
     ToolPlan,
@@ -61,7 +62,8 @@ async def create_chat_completion(request: Request, context: ServerContext = Depe
     requested = requested_max_tokens(body)  # None: the default for this endpoint
     num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(context, body, prompt, requested, num_logprobs, structured)
-    choices = plan_choices(context, [prompt], [params], body.n)
+    choices = plan_choices(context, [prompt], [params], body.n,
+                           cache_partition(request, body.cache_salt))
     response = _Response(context, body, prompt, choices, tools)
     return await respond(request, context, response, choices, body.stream)
 

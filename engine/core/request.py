@@ -65,6 +65,7 @@ class Request:
     # own KV progress (writer: the draft-model proposer; reset on preemption by the scheduler);
     # counters (writer: the scheduler); recent acceptance (writer: the speculation controller).
     draft_token_ids: list[int] = field(default_factory=list)
+    draft_method: str = ""  # the method that proposed them (writer: the speculation step)
     num_draft_computed_tokens: int = 0
     # What the EAGLE head has not read yet, as (first position, rows, rows are features) runs:
     # the target's kept rows, or the head's features made of them (writer: the eagle proposer).
