@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from engine.config import SUFFIX_CACHE_SCOPES
-from engine.spec_decode.suffix_tree import NODE_BYTES, SuffixTrie
+from engine.spec_decode.suffix_tree import SuffixTrie
 
 SHARED_PARTITION = ""
 
@@ -23,7 +23,7 @@ SHARED_PARTITION = ""
 class SuffixCacheStats:
     num_requests: int = 0  # finished requests whose tokens are in the cache
     num_nodes: int = 0
-    num_bytes: int = 0  # estimated: trie nodes plus the kept token arrays
+    num_bytes: int = 0  # the tries as allocated plus the kept token arrays
     num_partitions: int = 0
     num_evictions: int = 0  # requests evicted since start
 
@@ -47,6 +47,7 @@ class GlobalSuffixCache:
         self._next_id = 0
         self._token_bytes = 0
         self._num_nodes = 0
+        self._trie_bytes = 0
         self.num_evictions = 0
 
     def partition(self, cache_salt: str) -> str:
@@ -67,31 +68,56 @@ class GlobalSuffixCache:
         if trie is None:
             trie = self._tries[partition] = SuffixTrie(self.max_depth)
             self._num_nodes += trie.num_nodes
-        before = trie.num_nodes
+            self._trie_bytes += trie.num_bytes
+        nodes, size = trie.num_nodes, trie.num_bytes
         trie.insert(tokens)
-        self._num_nodes += trie.num_nodes - before
+        self._num_nodes += trie.num_nodes - nodes
+        self._trie_bytes += trie.num_bytes - size
         self._token_bytes += tokens.itemsize * len(tokens)
         self._entries[self._next_id] = _Entry(partition, tokens)
         self._next_id += 1
         while self._entries and (len(self._entries) > self.max_requests
                                  or self.num_bytes > self.max_bytes):
+            if len(self._entries) == 1 and self._rebuild(partition):
+                continue  # the room its evicted predecessors left is given back: recheck
             self._evict_oldest()
+
+    def _rebuild(self, partition: str) -> bool:
+        """Builds the partition's trie afresh from the requests it holds, when removals left
+        more free slots than live nodes (a dict and the node lists keep their size after
+        removals); whether it did. Amortized O(1) per removed node: a rebuild follows at least
+        as many removals as the nodes it inserts."""
+        trie = self._tries[partition]
+        if trie.num_free_slots <= trie.num_nodes:
+            return False
+        fresh = SuffixTrie(self.max_depth)
+        for entry in self._entries.values():
+            if entry.partition == partition:
+                fresh.insert(entry.token_ids)
+        self._tries[partition] = fresh
+        self._num_nodes += fresh.num_nodes - trie.num_nodes
+        self._trie_bytes += fresh.num_bytes - trie.num_bytes
+        return True
 
     def _evict_oldest(self) -> None:
         _, entry = self._entries.popitem(last=False)
         trie = self._tries[entry.partition]
-        before = trie.num_nodes
+        nodes, size = trie.num_nodes, trie.num_bytes
         trie.remove(entry.token_ids)
-        self._num_nodes -= before - trie.num_nodes
+        self._num_nodes -= nodes - trie.num_nodes
+        self._trie_bytes -= size - trie.num_bytes
         self._token_bytes -= entry.token_ids.itemsize * len(entry.token_ids)
         self.num_evictions += 1
         if trie.num_nodes == 1:  # only its root: the partition holds nothing now
             del self._tries[entry.partition]
             self._num_nodes -= 1
+            self._trie_bytes -= trie.num_bytes
+        else:
+            self._rebuild(entry.partition)
 
     @property
     def num_bytes(self) -> int:
-        return self._num_nodes * NODE_BYTES + self._token_bytes
+        return self._trie_bytes + self._token_bytes
 
     def stats(self) -> SuffixCacheStats:
         return SuffixCacheStats(len(self._entries), self._num_nodes, self.num_bytes,

@@ -68,7 +68,13 @@ def test_the_oldest_requests_are_evicted_past_either_bound():
     assert suffix.propose([live([5], outputs[0][:4])], [3]).draft_token_ids == [[]]
     assert suffix.propose([live([5], outputs[2][:4])], [3]).draft_token_ids == \
         [outputs[2][4:7]]
-    budget = stats.num_bytes * 3 // 4  # room for one of these requests, not two
+    one = proposer()
+    one.request_finished(finished([1, 2], outputs[2]))
+    one_bytes = one.cache_stats().num_bytes
+    two = proposer()
+    for output in outputs[:2]:
+        two.request_finished(finished([1, 2], output))
+    budget = (one_bytes + two.cache_stats().num_bytes) // 2  # room for one request, not two
     small = proposer(suffix_cache_max_bytes=budget)
     for output in outputs:
         small.request_finished(finished([1, 2], output))
@@ -124,3 +130,32 @@ def test_an_aborted_request_without_output_adds_nothing():
     suffix.request_finished(finished(PROMPT, ANSWER))
     assert suffix.cache_stats().num_requests == 1
     assert PROMPT_TAIL_TOKENS <= len(PROMPT)
+
+
+def test_the_byte_budget_bounds_what_the_cache_really_holds():
+    """The estimate the budget is checked against is not below the memory Python allocates
+    (tracemalloc), so a cache at its budget holds at most about that much."""
+    import random
+    import tracemalloc
+
+    rng = random.Random(0)
+    phrases = [[rng.randrange(49152) for _ in range(rng.randrange(2, 9))] for _ in range(200)]
+
+    def text(length):
+        tokens = []
+        while len(tokens) < length:
+            tokens.extend(rng.choice(phrases))
+        return tokens[:length]
+
+    budget = 2 * 2**20
+    tracemalloc.start()
+    try:
+        suffix = proposer(suffix_cache_max_bytes=budget)
+        for _ in range(60):
+            suffix.request_finished(finished(text(8), text(120)))
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    stats = suffix.cache_stats()
+    assert stats.num_evictions > 0 and stats.num_bytes <= budget
+    assert held <= 1.1 * budget
