@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.core.request import Request, RequestStatus
+from engine.core.request import Request
 from engine.spec_decode.proposer import Proposal, Proposer
 from engine.spec_decode.suffix_cache import GlobalSuffixCache, SuffixCacheStats
 from engine.spec_decode.suffix_tree import Draft, SuffixTrie, advance, draft_from, match
@@ -79,13 +79,13 @@ class SuffixProposer(Proposer):
     def request_finished(self, request: Request) -> None:
         """Puts what the request generated into its tenant's global trie."""
         self._states.pop(request, None)
+        # Tokens still in flight on the device were never shown, so they are not kept either;
+        # an aborted request keeps what it did generate.
         output = request.output_token_ids[:request.num_output_tokens
                                           - request.num_placeholder_tokens]
-        if request.status is RequestStatus.FINISHED_ABORTED and not output:
-            return
-        prompt = request.prompt_token_ids
-        head = prompt if self.settings.cache_prompts else prompt[-PROMPT_TAIL_TOKENS:]
         if output:
+            prompt = request.prompt_token_ids
+            head = prompt if self.settings.cache_prompts else prompt[-PROMPT_TAIL_TOKENS:]
             self.cache.add(request.cache_salt, [*head, *output])
 
     def cache_stats(self) -> SuffixCacheStats:
