@@ -26,6 +26,10 @@ ValidPrefix = Callable[[list[int]], int]  # how many leading tokens a grammar al
 # (the task's last words, the chat template's assistant header) is what the first output tokens
 # of a later request can match on, before it has any output of its own.
 PROMPT_TAIL_TOKENS = 8
+# Prompt tokens a request's own trie indexes, the last ones: its nodes grow with up to
+# max_depth per token (~140 bytes each) and indexing costs ~7 us a token on the first step, so
+# a 32k-token prompt would take ~100 MB and ~0.2 s; 4,096 bound that at ~14 MB and ~30 ms.
+LOCAL_PROMPT_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,7 @@ class SuffixProposer(Proposer):
             # Tokens taken back (a stop string inside accepted drafts): start again.
             state = self._states[request] = _RequestSuffixes(self.settings.max_depth,
                                                              request.num_truncations)
+            state.num_indexed = max(len(context) - LOCAL_PROMPT_TOKENS, 0)
         local, active = state.local, state.active
         for token_id in context[state.num_indexed:]:
             active = local.extend(active, token_id)

@@ -159,3 +159,14 @@ def test_the_byte_budget_bounds_what_the_cache_really_holds():
     stats = suffix.cache_stats()
     assert stats.num_evictions > 0 and stats.num_bytes <= budget
     assert held <= 1.1 * budget
+
+
+def test_a_long_prompt_is_indexed_from_its_last_tokens_only(monkeypatch):
+    from engine.spec_decode import suffix as suffix_module
+
+    monkeypatch.setattr(suffix_module, "LOCAL_PROMPT_TOKENS", 20)
+    filler = list(range(100, 130))
+    early = live([1, 2, 3, 4, 5, *filler, 1, 2, 3])  # the match lies before the last 20
+    late = live([*filler, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3])  # and here within them
+    drafts = proposer().propose([early, late], [2, 2]).draft_token_ids
+    assert drafts == [[], [4, 5]]
