@@ -111,6 +111,11 @@ class AsyncEngine:
         blocks = self.engine.block_manager
         return blocks.num_free_blocks, blocks.num_blocks
 
+    def suffix_cache_stats(self):
+        """The suffix proposer's global cache (a SuffixCacheStats), or None without one."""
+        proposer = self.engine.proposer
+        return proposer.cache_stats() if hasattr(proposer, "cache_stats") else None
+
     def is_idle(self) -> bool:
         """Nothing running, waiting or in flight, and every KV block free."""
         return not self.engine.has_unfinished() and self.engine.block_manager.usage == 0.0
@@ -120,11 +125,11 @@ class AsyncEngine:
         self.engine.add_stat_listener(listener)
 
     def validate(self, prompt: str | list[int], params: SamplingParams,
-                 request_id: str | None = None) -> Request:
+                 request_id: str | None = None, cache_salt: str = "") -> Request:
         """Tokenizes and checks a request against the engine's limits (ValueError with a message
         fit for an API client); `generate` takes what this returns, so a request is checked
         once."""
-        return self.engine.make_request(prompt, params, request_id)
+        return self.engine.make_request(prompt, params, request_id, cache_salt)
 
     @property
     def is_running(self) -> bool:

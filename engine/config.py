@@ -94,7 +94,8 @@ class SchedulerConfig:
             )
 
 
-SPECULATIVE_METHODS = ("none", "ngram", "eagle", "draft", "layer-skip")
+SPECULATIVE_METHODS = ("none", "ngram", "suffix", "eagle", "draft", "layer-skip")
+SUFFIX_CACHE_SCOPES = ("tenant", "global")
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,15 @@ class SpeculativeConfig:
     eagle_ngram_min: int = 2
     ngram_max: int = 4
     ngram_min: int = 1
+    # For "suffix" (engine/spec_decode/suffix.py): trie depth, draft length per matched token,
+    # the path probability a draft stops below, and the global cache of finished requests.
+    suffix_max_depth: int = 24
+    suffix_max_spec_factor: float = 1.0
+    suffix_min_token_prob: float = 0.1
+    suffix_cache_max_requests: int = 10000
+    suffix_cache_max_bytes: int = 64 * 2**20
+    suffix_cache_scope: str = "tenant"  # "global": every tenant drafts from every output
+    suffix_cache_prompts: bool = False
     adaptive: bool = True  # False: always draft K tokens (for measurements)
 
     def __post_init__(self) -> None:
@@ -136,6 +146,27 @@ class SpeculativeConfig:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min}, "
                              f"{self.ngram_max}")
+        self._check_suffix()
+
+    def _check_suffix(self) -> None:
+        checks = [
+            (2 <= self.suffix_max_depth <= 256,
+             f"--suffix-max-depth must be in [2, 256], got {self.suffix_max_depth}"),
+            (self.suffix_max_spec_factor > 0,
+             f"--suffix-max-spec-factor must be > 0, got {self.suffix_max_spec_factor}"),
+            (0 <= self.suffix_min_token_prob <= 1,
+             f"--suffix-min-token-prob must be in [0, 1], got {self.suffix_min_token_prob}"),
+            (self.suffix_cache_max_requests >= 0, "--suffix-cache-max-requests must be >= 0, "
+             f"got {self.suffix_cache_max_requests}"),
+            (self.suffix_cache_max_bytes >= 0,
+             f"--suffix-cache-max-bytes must be >= 0, got {self.suffix_cache_max_bytes}"),
+            (self.suffix_cache_scope in SUFFIX_CACHE_SCOPES,
+             f"--suffix-cache-scope must be one of {', '.join(SUFFIX_CACHE_SCOPES)}, got "
+             f"{self.suffix_cache_scope!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
 
     @property
     def enabled(self) -> bool:

@@ -122,8 +122,9 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ intake
     def make_request(self, prompt: str | list[int], params: SamplingParams,
-                     request_id: str | None = None) -> Request:
-        """Tokenizes and validates; raises ValueError with a message fit for an API client."""
+                     request_id: str | None = None, cache_salt: str = "") -> Request:
+        """Tokenizes and validates; raises ValueError with a message fit for an API client.
+        `cache_salt`: the tenant partition of cross-request caches (Request.cache_salt)."""
         if isinstance(prompt, str):
             prompt_text, token_ids = prompt, self.tokenizer(prompt)["input_ids"]
         else:
@@ -136,7 +137,7 @@ class LLMEngine:
         return Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt_token_ids=token_ids, sampling_params=params, eos_token_ids=self.eos_token_ids,
-            prompt_text=prompt_text, grammar=grammar)
+            prompt_text=prompt_text, grammar=grammar, cache_salt=cache_salt)
 
     def add(self, request: Request) -> None:
         if request.request_id in self._states:
@@ -151,8 +152,8 @@ class LLMEngine:
         self.scheduler.add(request)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams,
-                    request_id: str | None = None) -> str:
-        request = self.make_request(prompt, params, request_id)
+                    request_id: str | None = None, cache_salt: str = "") -> str:
+        request = self.make_request(prompt, params, request_id, cache_salt)
         self.add(request)
         return request.request_id
 
@@ -175,6 +176,8 @@ class LLMEngine:
 
     def _finished(self, request: Request) -> None:
         self._states.pop(request.request_id, None)
+        if self.proposer is not None:
+            self.proposer.request_finished(request)
         if self._stat_listeners:
             summary = request_stats(request)
             for listener in self._stat_listeners:

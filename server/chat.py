@@ -36,6 +36,7 @@ from server.protocol import (
 from server.streaming import DONE, error_event, event
 from server.structured import prepare_constraint
 from server.templates import TemplateLimitError
+from server.tenants import cache_partition
 from server.tools import (
     ToolCallStream,
     ToolPlan,
@@ -54,7 +55,7 @@ async def create_chat_completion(request: Request, context: ServerContext = Depe
     check_stream_options(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
-    plan = await prepare_chat(context, body)
+    plan = await prepare_chat(context, body, cache_partition(request, body.cache_salt))
     response = _Response(context, body, plan.prompt, plan.choices, plan.tools)
     return await respond(request, context, response, plan.choices, body.stream)
 
@@ -68,10 +69,12 @@ class ChatPlan:
     tools: ToolPlan | None
 
 
-async def prepare_chat(context: ServerContext, body: ChatCompletionRequest) -> ChatPlan:
+async def prepare_chat(context: ServerContext, body: ChatCompletionRequest,
+                       partition: str) -> ChatPlan:
     """Everything between a parsed chat request and the engine: tools, the structured-output
     constraint, the chat template, sampling parameters and the engine's own checks. The
-    Responses API (server/responses/) comes through here too, so both run the same path."""
+    Responses API (server/responses/) comes through here too, so both run the same path.
+    `partition`: the tenant's share of the prefix and suffix caches (server/tenants.py)."""
     context.check_model(body.model)
     context.admission.check_size(body.n, f"n={body.n}")
     tools = plan_tools(body)
@@ -80,7 +83,8 @@ async def prepare_chat(context: ServerContext, body: ChatCompletionRequest) -> C
     requested = requested_max_tokens(body)  # None: the default for this endpoint
     num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(context, body, prompt, requested, num_logprobs, structured)
-    return ChatPlan(prompt, plan_choices(context, [prompt], [params], body.n), tools)
+    choices = plan_choices(context, [prompt], [params], body.n, partition)
+    return ChatPlan(prompt, choices, tools)
 
 
 async def render_prompt(context: ServerContext, body: ChatCompletionRequest,

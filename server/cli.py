@@ -9,7 +9,12 @@ import re
 import sys
 from pathlib import Path
 
-from engine.config import QUANTIZATION_NAMES, SPECULATIVE_METHODS, EngineConfig
+from engine.config import (
+    QUANTIZATION_NAMES,
+    SPECULATIVE_METHODS,
+    SUFFIX_CACHE_SCOPES,
+    EngineConfig,
+)
 from server import templates
 from server.connections import DEFAULT_HEADER_TIMEOUT_S
 from server.context import (
@@ -54,7 +59,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "dequantized weights); gguf: the same today; none: dequantize to float "
                         "weights (default: %(default)s)")
     p.add_argument("--speculative-method", default="ngram", choices=SPECULATIVE_METHODS,
-                   help="how draft tokens are proposed: none, ngram (prompt lookup), eagle (a "
+                   help="how draft tokens are proposed: none, ngram (prompt lookup), suffix "
+                        "(suffix trees over the request and over finished requests' outputs), "
+                        "eagle (a "
                         "trained draft head on the target's features, --draft-head), draft (a "
                         "smaller model, --draft-model) or layer-skip (a subset of the target's "
                         "layers) (default: %(default)s)")
@@ -78,6 +85,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="longest n-gram the ngram proposer looks up (default: %(default)s)")
     p.add_argument("--ngram-min", type=int, default=1,
                    help="shortest n-gram the ngram proposer looks up (default: %(default)s)")
+    add_suffix_arguments(p)
     p.add_argument("--max-model-len", type=int, default=None, help="context length limit")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
@@ -149,6 +157,28 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    choices=["debug", "info", "warning", "error"], help="logging verbosity")
 
 
+def add_suffix_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suffix-max-depth", type=int, default=24,
+                   help="suffix: longest substring the suffix tries hold (default: %(default)s)")
+    p.add_argument("--suffix-max-spec-factor", type=float, default=1.0,
+                   help="suffix: a match of m tokens drafts at most this x m tokens "
+                        "(default: %(default)s)")
+    p.add_argument("--suffix-min-token-prob", type=float, default=0.1,
+                   help="suffix: a draft stops where its estimated probability falls below "
+                        "this (default: %(default)s)")
+    p.add_argument("--suffix-cache-max-requests", type=int, default=10000,
+                   help="suffix: finished requests kept in the global cache, oldest evicted "
+                        "first (default: %(default)s)")
+    p.add_argument("--suffix-cache-max-bytes", type=int, default=64 * 2**20,
+                   help="suffix: estimated bytes the global cache may hold (default: "
+                        "%(default)s)")
+    p.add_argument("--suffix-cache-scope", default="tenant", choices=SUFFIX_CACHE_SCOPES,
+                   help="suffix: tenant (default): a request drafts only from outputs of "
+                        "requests with its API key and cache_salt; global: from all")
+    p.add_argument("--suffix-cache-prompts", action="store_true",
+                   help="suffix: also keep finished requests' whole prompts in the global cache")
+
+
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig.from_kwargs(
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
@@ -163,6 +193,12 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         num_speculative_tokens=args.num_speculative_tokens, draft_model=args.draft_model,
         draft_layers=args.draft_layers, draft_layer_ids=args.draft_layer_ids,
         draft_head=args.draft_head, eagle_ngram_min=args.eagle_ngram_min, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
+        suffix_max_depth=args.suffix_max_depth,
+        suffix_max_spec_factor=args.suffix_max_spec_factor,
+        suffix_min_token_prob=args.suffix_min_token_prob,
+        suffix_cache_max_requests=args.suffix_cache_max_requests,
+        suffix_cache_max_bytes=args.suffix_cache_max_bytes,
+        suffix_cache_scope=args.suffix_cache_scope, suffix_cache_prompts=args.suffix_cache_prompts,
     )
 
 

@@ -27,6 +27,7 @@ from server.logprobs import CompletionLogprobsBuilder, TokenTexts, merge_complet
 from server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from server.streaming import DONE, error_event, event
 from server.structured import prepare_constraint
+from server.tenants import cache_partition
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 # About what one echoed prompt token adds to `logprobs` (its text, a null logprob, a null
@@ -57,7 +58,8 @@ async def create_completion(request: Request, context: ServerContext = Depends(g
     structured = await prepare_constraint(context, body)
     params = [sampling_params(context, body, prompt, requested, body.logprobs, structured)
               for prompt in prompts]
-    choices = plan_choices(context, prompts, params, body.n)
+    choices = plan_choices(context, prompts, params, body.n,
+                           cache_partition(request, body.cache_salt))
     response = _Response(context, body, prompts, choices)
     return await respond(request, context, response, choices, body.stream)
 

@@ -23,7 +23,13 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from server.context import ServerContext
 from server.errors import bad_request, client_gone
-from server.protocol import PromptTokensDetails, SamplingFields, SpeculativeUsage, Usage
+from server.protocol import (
+    MethodUsage,
+    PromptTokensDetails,
+    SamplingFields,
+    SpeculativeUsage,
+    Usage,
+)
 from server.streaming import EventStreamResponse
 
 T = TypeVar("T")
@@ -94,10 +100,11 @@ def check_stream_options(body: SamplingFields) -> None:
 
 
 def plan_choices(context: ServerContext, prompts: list[Prompt],
-                 params: list[SamplingParams], n: int) -> list[Choice]:
+                 params: list[SamplingParams], n: int, cache_salt: str = "") -> list[Choice]:
     """Validates every choice against the engine's limits (a ValueError naming the numbers),
     once: the engine runs the request this makes. A seed moves by the choice's position so the
-    n choices differ yet stay reproducible."""
+    n choices differ yet stay reproducible. `cache_salt`: the tenant partition
+    (server/tenants.py)."""
     choices = []
     for prompt_index, (prompt, prompt_params) in enumerate(zip(prompts, params)):
         for j in range(n):
@@ -105,7 +112,8 @@ def plan_choices(context: ServerContext, prompts: list[Prompt],
             if prompt_params.seed is not None and j:
                 choice_params = replace(prompt_params, seed=prompt_params.seed + j)
             choices.append(Choice(prompt_index * n + j, prompt, choice_params,
-                                  context.engine.validate(prompt.token_ids, choice_params)))
+                                  context.engine.validate(prompt.token_ids, choice_params,
+                                                          cache_salt=cache_salt)))
     return choices
 
 
@@ -262,7 +270,11 @@ def build_usage(prompts: list[Prompt], finals: list[RequestOutput]) -> Usage:
         speculative=SpeculativeUsage(
             num_drafts=stats.num_drafts, draft_tokens=stats.num_draft_tokens,
             accepted_tokens=stats.num_accepted_tokens,
-            mean_acceptance_length=round(stats.mean_acceptance_length, 4)),
+            mean_acceptance_length=round(stats.mean_acceptance_length, 4),
+            by_method={method: MethodUsage(
+                draft_tokens=drafts, accepted_tokens=stats.accepted_tokens_by_method[method],
+                acceptance_rate=round(stats.accepted_tokens_by_method[method] / drafts, 4))
+                for method, drafts in stats.draft_tokens_by_method.items() if drafts}),
     )
 
 

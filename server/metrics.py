@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.metrics.prometheus import PrometheusMetrics
+from engine.metrics.suffix_gauges import SuffixCacheCollector
 from server.context import ServerContext
 
 __all__ = ["CONTENT_TYPE_LATEST", "HTTPMetricsMiddleware", "ServerMetrics"]
@@ -64,6 +65,9 @@ class ServerMetrics:
             if speculative.enabled else 0)
         engine.add_stat_listener(engine_metrics)
         self.registry.register(_ServerCollector(context, self.prefix))
+        if engine.suffix_cache_stats() is not None:
+            self.registry.register(SuffixCacheCollector(context.model_name, self.prefix,
+                                                        engine.suffix_cache_stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -74,6 +74,8 @@ class SamplingFields(_Request):
     min_p: float = Field(default=0.0, ge=0, le=1)
     repetition_penalty: float = Field(default=1.0, gt=0)
     ignore_eos: bool = False
+    # Requests with different salts share no cached state (prefix-cache blocks, suffix drafts).
+    cache_salt: StrictStr | None = Field(default=None, min_length=1, max_length=256)
     # Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older
     # guided_* names (server/structured.py turns them into one constraint).
     response_format: ResponseFormat | None = None
@@ -157,6 +159,12 @@ class ChatCompletionRequest(SamplingFields):
 
 
 # ------------------------------------------------------------------ responses
+class MethodUsage(BaseModel):
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float = 0.0
+
+
 class SpeculativeUsage(BaseModel):
     """Extension beside OpenAI's counts: this request's speculation (summed over its choices)."""
 
@@ -164,6 +172,8 @@ class SpeculativeUsage(BaseModel):
     draft_tokens: int = 0
     accepted_tokens: int = 0
     mean_acceptance_length: float = 0.0  # tokens per verify step, accepted drafts + 1
+    # Guessed (not grammar-forced) draft tokens and accepted ones, by proposing method.
+    by_method: dict[str, MethodUsage] = Field(default_factory=dict)
 
 
 class PromptTokensDetails(BaseModel):

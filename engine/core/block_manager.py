@@ -34,6 +34,14 @@ def hash_block(parent_hash: bytes, token_ids: list[int]) -> bytes:
     return hashlib.blake2b(parent_hash + array("q", token_ids).tobytes(), digest_size=16).digest()
 
 
+def salt_hash(cache_salt: str) -> bytes:
+    """The parent hash of a request's first block: requests with different salts (tenants)
+    chain different hashes from the start, so they never share a cached block."""
+    if not cache_salt:
+        return b""
+    return hashlib.blake2b(cache_salt.encode(), digest_size=16, person=b"cache_salt").digest()
+
+
 @dataclass
 class PrefixCacheStats:
     queries: int = 0  # prompt tokens looked up
@@ -94,7 +102,7 @@ class BlockManager:
             return []
         tokens = request.all_token_ids
         max_blocks = (len(tokens) - 1) // self.block_size
-        parent, block_ids = b"", []
+        parent, block_ids = salt_hash(request.cache_salt), []
         for i in range(max_blocks):
             parent = hash_block(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
             block_id = self.hash_to_block.get(parent)
@@ -143,7 +151,8 @@ class BlockManager:
         num_full = min(num_committed_tokens // self.block_size, len(request.block_table))
         tokens = request.all_token_ids
         for i in range(len(request.block_hashes), num_full):
-            parent = request.block_hashes[-1] if request.block_hashes else b""
+            parent = request.block_hashes[-1] if request.block_hashes else \
+                salt_hash(request.cache_salt)
             block_hash = hash_block(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
             request.block_hashes.append(block_hash)
             block_id = request.block_table[i]

@@ -46,6 +46,10 @@ class Request:
     eos_token_ids: frozenset[int] = frozenset()
     prompt_text: str | None = None  # None when the prompt came as token ids
     arrival_time: float = field(default_factory=time.monotonic)
+    # The tenant partition of what the engine caches across requests: prefix-cache blocks and
+    # the suffix proposer's global trie are only shared between requests with equal salts (the
+    # server joins the API key's identity and the request's `cache_salt`).
+    cache_salt: str = ""
 
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -61,6 +65,7 @@ class Request:
     # own KV progress (writer: the draft-model proposer; reset on preemption by the scheduler);
     # counters (writer: the scheduler); recent acceptance (writer: the speculation controller).
     draft_token_ids: list[int] = field(default_factory=list)
+    draft_method: str = ""  # the method that proposed them (writer: the speculation step)
     num_draft_computed_tokens: int = 0
     # What the EAGLE head has not read yet, as (first position, rows, rows are features) runs:
     # the target's kept rows, or the head's features made of them (writer: the eagle proposer).

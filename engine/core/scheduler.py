@@ -176,9 +176,13 @@ class Scheduler:
                 request.spec_stats.record(num_drafts, num_accepted)
                 self.spec_stats.record(num_drafts, num_accepted)
                 num_forced = sum(request.forced_drafts)
+                num_forced_accepted = sum(request.forced_drafts[:num_accepted])
+                if num_drafts > num_forced:
+                    for stats in (request.spec_stats, self.spec_stats):
+                        stats.record_method(request.draft_method, num_drafts - num_forced,
+                                            num_accepted - num_forced_accepted)
                 if num_forced:
                     # Forced drafts are accepted unless a guessed draft before them was not.
-                    num_forced_accepted = sum(request.forced_drafts[:num_accepted])
                     request.spec_stats.record_forced(num_forced, num_forced_accepted)
                     self.spec_stats.record_forced(num_forced, num_forced_accepted)
             status = None

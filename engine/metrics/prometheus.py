@@ -59,6 +59,13 @@ class PrometheusMetrics:
             "Draft tokens a grammar forced (structured outputs); also in num_draft_tokens")
         self.num_forced_accepted_tokens = counter(
             "spec_decode_num_forced_accepted_tokens", "Grammar-forced draft tokens accepted")
+        self.method_draft_tokens = counter(
+            "spec_decode_num_draft_tokens_by_method",
+            "Guessed (not grammar-forced) draft tokens, by the method that proposed them",
+            ["method"])
+        self.method_accepted_tokens = counter(
+            "spec_decode_num_accepted_tokens_by_method",
+            "Guessed draft tokens accepted, by the method that proposed them", ["method"])
         self.current_k = gauge("spec_decode_current_k",
                                "Mean draft tokens per speculating request in the last step")
         self.running = gauge("num_requests_running", "Requests in the running batch")
@@ -117,6 +124,11 @@ class PrometheusMetrics:
                               (self.generation_tokens, stats.num_generated_tokens)):
             if value:
                 one(metric).inc(value)
+        for method, count in spec.draft_tokens_by_method.items():
+            self.method_draft_tokens.labels(self.model_name, method).inc(count)
+            accepted = spec.accepted_tokens_by_method.get(method, 0)
+            if accepted:
+                self.method_accepted_tokens.labels(self.model_name, method).inc(accepted)
         for position, count in enumerate(spec.accepted_per_position):
             if count:
                 self.accepted_per_pos.labels(self.model_name, str(position)).inc(count)

@@ -70,6 +70,11 @@ def request_stats(request) -> RequestStats:
     )
 
 
+def _difference(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {key: value - before.get(key, 0) for key, value in now.items()
+            if value != before.get(key, 0)}
+
+
 class StepRecorder:
     """Snapshots the engine's running counters when a step starts and reports the differences
     when it ends, so the scheduler and block manager keep plain cumulative counters."""
@@ -99,6 +104,10 @@ class StepRecorder:
             num_forced_draft_tokens=spec.num_forced_draft_tokens - before.num_forced_draft_tokens,
             num_forced_accepted_tokens=(spec.num_forced_accepted_tokens
                                         - before.num_forced_accepted_tokens),
+            draft_tokens_by_method=_difference(spec.draft_tokens_by_method,
+                                               before.draft_tokens_by_method),
+            accepted_tokens_by_method=_difference(spec.accepted_tokens_by_method,
+                                                  before.accepted_tokens_by_method),
             accepted_per_position=[
                 count - (before.accepted_per_position[i]
                          if i < len(before.accepted_per_position) else 0)

@@ -25,6 +25,7 @@ from engine.spec_decode.layer_skip import calibration_cache_file, choose_layers
 from engine.spec_decode.model_drafter import ModelDrafter
 from engine.spec_decode.ngram import NgramProposer
 from engine.spec_decode.proposer import Proposer
+from engine.spec_decode.suffix import build_suffix_proposer
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,9 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
     method = spec.speculative_method
     if method == "ngram":
         proposer = NgramProposer(spec.ngram_max, spec.ngram_min)
+        draft_cost = DraftCost(per_step=False, seconds_per_unit=NGRAM_SECONDS_PER_TOKEN)
+    elif method == "suffix":
+        proposer = build_suffix_proposer(spec)
         draft_cost = DraftCost(per_step=False, seconds_per_unit=NGRAM_SECONDS_PER_TOKEN)
     elif method == "draft":
         draft = load_draft_model(spec.draft_model, engine)

@@ -54,6 +54,10 @@ class Proposer(ABC):
         request and points `request.acceptance` at that source's tracker, so the controller
         sizes K by the acceptance of what will actually be proposed."""
 
+    def request_finished(self, request: Request) -> None:
+        """When a request ends (finished or aborted), before it is dropped: a proposer that
+        learns across requests (suffix) keeps what it generated."""
+
     def observe_target_step(self, scheduled, row_starts, hidden: torch.Tensor,
                             emitted: Sequence[Sequence[int]]) -> None:
         """After each target step, before the scheduler records it: the step's hidden states

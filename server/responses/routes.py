@@ -21,6 +21,7 @@ from server.responses.events import stream_events
 from server.responses.output import ResponseBuilder
 from server.responses.protocol import INPUT_ITEMS, ResponseObject, ResponsesRequest
 from server.responses.store import ResponseStore, owner_of
+from server.tenants import cache_partition
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -71,7 +72,7 @@ async def create_response(request: Request, context: ServerContext = Depends(get
         history = INPUT_ITEMS.validate_python(stored)
     items = input_items(body)
     chat = chat_request(body, history, items)
-    plan = await prepare_chat(context, chat)
+    plan = await prepare_chat(context, chat, cache_partition(request, None))
     builder = ResponseBuilder(context, body, plan, function_tools(body))
     stored_items = [item.model_dump(exclude_none=True) for item in items]
 

@@ -4,6 +4,8 @@ before it, within the step's budget, and the grammar's state is where it was aft
 
 from __future__ import annotations
 
+import pytest
+
 from engine import SamplingParams
 from engine.grammar import Constraint
 from engine.grammar.drafts import interleave_drafts
@@ -59,7 +61,8 @@ def test_forced_tokens_come_first_and_the_budgets_hold(toy_compiler):
     assert matcher.forced_tokens() == [4]
 
 
-def test_ngram_steps_mix_forced_and_guessed_drafts_and_stay_lossless(plain_structured,
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_lookup_steps_mix_forced_and_guessed_drafts_and_stay_lossless(method, plain_structured,
                                                                       monkeypatch):
     from engine.spec_decode import speculation
 
@@ -75,8 +78,10 @@ def test_ngram_steps_mix_forced_and_guessed_drafts_and_stay_lossless(plain_struc
     monkeypatch.setattr(speculation, "interleave_drafts", recording)
     # Not adaptive: the controller prices guesses by measured step times, and on a slow or
     # noisy host it may plan none, leaving only forced drafts (CI failed so, once).
-    llm = make_llm(speculative_method="ngram", num_speculative_tokens=4, adaptive=False)
+    llm = make_llm(speculative_method=method, num_speculative_tokens=4, adaptive=False)
     params = [SamplingParams(max_tokens=40, temperature=0, structured=c) for c in CONSTRAINTS]
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
+    # a second pass: the suffix cache now holds the first pass's outputs, and guesses them
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
     assert any(mixed)
     stats = llm.engine.scheduler.spec_stats

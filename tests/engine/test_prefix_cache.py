@@ -203,3 +203,17 @@ def test_prefix_caching_disabled_shares_nothing():
     assert manager.find_cached_prefix(make_request(range(9))) == []
     manager.free(first)
     assert not manager.evictable and len(manager.free_block_ids) == 4
+
+
+def test_requests_with_different_cache_salts_share_no_block():
+    manager = BlockManager(16, BLOCK_SIZE)
+    prefix = [11, 12, 13, 14, 21, 22, 23, 24]
+    alice = make_request(prefix + [1, 2], "a")
+    alice.cache_salt = "alice"
+    prefill(manager, alice)
+    bob, alice_again = make_request(prefix + [3], "b"), make_request(prefix + [3], "c")
+    bob.cache_salt, alice_again.cache_salt = "bob", "alice"
+    assert manager.find_cached_prefix(bob) == []
+    assert manager.find_cached_prefix(make_request(prefix + [3], "d")) == []  # no salt either
+    # the negative control: the same salt does share
+    assert manager.find_cached_prefix(alice_again) == alice.block_table[:2]

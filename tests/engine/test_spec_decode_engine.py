@@ -41,6 +41,7 @@ def method_options(tiny_chat_model_folder, default_model_folder, tmp_path_factor
     untrained = make_random_head(default_model_folder, tmp_path_factory.mktemp("head"), 8192)
     return {
         "ngram": {"speculative_method": "ngram"},
+        "suffix": {"speculative_method": "suffix"},
         "draft": {"speculative_method": "draft", "draft_model": str(tiny_chat_model_folder)},
         "layer-skip": {"speculative_method": "layer-skip", "draft_layer_ids": (0, 1, 14, 29)},
         "eagle": {"speculative_method": "eagle"},
@@ -48,7 +49,8 @@ def method_options(tiny_chat_model_folder, default_model_folder, tmp_path_factor
     }
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft", "layer-skip", "eagle", "eagle-untrained"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft", "layer-skip", "eagle",
+                                    "eagle-untrained"])
 def test_greedy_speculation_is_lossless(method, method_options, plain_outputs):
     llm = make_llm(adaptive=False, num_speculative_tokens=4, **method_options[method])
     one_at_a_time = [llm.generate(p, GREEDY)[0] for p in PROMPTS]
@@ -79,7 +81,7 @@ def test_the_shipped_eagle_head_is_accepted_often(method_options):
     assert rates["eagle"] > 0.2 and rates["eagle-untrained"] < 0.05, rates
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft", "eagle"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft", "eagle"])
 def test_greedy_speculation_is_lossless_under_preemption(method, method_options, plain_outputs):
     llm = make_llm(adaptive=False, num_speculative_tokens=4, num_kv_blocks=12,
                    **method_options[method])
@@ -202,6 +204,7 @@ def _broken_verify(logits, batch, seqs):
 @pytest.mark.parametrize(("method", "top_p", "dtype"), [
     ("draft", 1.0, "float32"), ("draft", 0.8, "float32"),
     ("ngram", 1.0, "float32"), ("ngram", 0.8, "float32"),
+    ("suffix", 1.0, "float32"), ("suffix", 0.8, "float32"),
     # An untrained head's q is its real output: near-uniform over 5 of the 6 tokens, and zero
     # on the one outside its draft vocabulary.
     ("eagle", 1.0, "float32"), ("eagle", 0.8, "float32"),
@@ -224,8 +227,9 @@ def test_sampled_speculation_matches_the_target_distribution(
                    enable_prefix_caching=False, dtype=dtype, **options)
     samples = _sample_first_three(llm, params)
     spec_stats = llm.engine.scheduler.spec_stats
-    # Drafts were really verified (n-gram lookup finds a match only after some first tokens).
-    assert spec_stats.num_draft_tokens >= (0.5 if method == "ngram" else 1.5) * NUM_SAMPLES
+    # Drafts were really verified (a lookup finds a match only after some first tokens).
+    lookup = method in ("ngram", "suffix")
+    assert spec_stats.num_draft_tokens >= (0.5 if lookup else 1.5) * NUM_SAMPLES
     assert 0 < spec_stats.num_accepted_tokens < spec_stats.num_draft_tokens
     assert not _chi_square_rejects(samples, expected)
     # Negative control: the same test catches a sampler that accepts every draft.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from server.cli import build_parser, engine_config_from_args
 
 FLAGS = ["--host", "--port", "--model", "--served-model-name", "--dtype", "--speculative-method",
@@ -12,7 +14,9 @@ FLAGS = ["--host", "--port", "--model", "--served-model-name", "--dtype", "--spe
          "--draft-layers", "--max-model-len",
          "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-memory", "--num-kv-blocks",
          "--max-queue", "--metrics-prefix", "--api-key", "--log-level", "--response-store",
-         "--response-store-max-mb"]
+         "--response-store-max-mb", "--suffix-max-depth",
+         "--suffix-max-spec-factor", "--suffix-min-token-prob", "--suffix-cache-max-requests",
+         "--suffix-cache-max-bytes", "--suffix-cache-scope", "--suffix-cache-prompts"]
 
 
 def test_help_documents_every_flag():
@@ -36,6 +40,24 @@ def test_flags_map_onto_the_engine_config():
     assert config.model.max_model_len == 1024 and config.scheduler.max_num_seqs == 8
     assert config.cache.num_kv_blocks == 100
     assert args.max_queue == 7 and args.api_key == "k"
+
+
+def test_suffix_flags_map_onto_the_engine_config():
+    args = build_parser().parse_args([
+        "serve", "--speculative-method", "suffix", "--suffix-max-depth", "16",
+        "--suffix-cache-max-requests", "50", "--suffix-cache-scope", "global",
+        "--suffix-min-token-prob", "0.3", "--suffix-cache-prompts"])
+    spec = engine_config_from_args(args).speculative
+    assert (spec.speculative_method, spec.suffix_max_depth, spec.suffix_cache_max_requests,
+            spec.suffix_cache_scope, spec.suffix_min_token_prob, spec.suffix_cache_prompts) == \
+        ("suffix", 16, 50, "global", 0.3, True)
+    defaults = engine_config_from_args(build_parser().parse_args(["serve"])).speculative
+    assert (defaults.suffix_cache_scope, defaults.suffix_cache_prompts) == ("tenant", False)
+    for flags, message in ((["--suffix-max-depth", "1"], "--suffix-max-depth must be in"),
+                           (["--suffix-min-token-prob", "2"], "--suffix-min-token-prob must be"),
+                           (["--suffix-cache-max-bytes", "-1"], "--suffix-cache-max-bytes must")):
+        with pytest.raises(ValueError, match=message):
+            engine_config_from_args(build_parser().parse_args(["serve", *flags]))
 
 
 def test_defaults_serve_the_default_model_with_ngram_speculation(monkeypatch):

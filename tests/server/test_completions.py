@@ -40,7 +40,8 @@ def test_completion_shape_and_usage(client, server):
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     speculative = usage.model_extra["speculative"]
     assert set(speculative) == {"num_drafts", "draft_tokens", "accepted_tokens",
-                                "mean_acceptance_length"}
+                                "mean_acceptance_length", "by_method"}
+    assert set(speculative["by_method"]) <= {"ngram"}  # the default method's guesses
     assert 0 <= speculative["accepted_tokens"] <= speculative["draft_tokens"]
 
 

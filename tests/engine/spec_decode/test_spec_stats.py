@@ -30,8 +30,10 @@ def test_spec_stats_merge_equals_recording_everything_in_one():
     steps = [(k, rng.randint(0, k)) for k in (rng.randint(1, 6) for _ in range(200))]
     parts, whole = [SpecStats(), SpecStats(), SpecStats()], SpecStats()
     for index, (k, num_accepted) in enumerate(steps):
-        parts[index % 3 if index < 150 else 0].record(k, num_accepted)
-        whole.record(k, num_accepted)
+        method = ("ngram", "suffix")[index % 2]
+        for stats in (parts[index % 3 if index < 150 else 0], whole):
+            stats.record(k, num_accepted)
+            stats.record_method(method, k, num_accepted)
     merged = SpecStats()
     for part in [parts[1], parts[0], SpecStats(), parts[2]]:
         merged.merge(part)
@@ -40,6 +42,14 @@ def test_spec_stats_merge_equals_recording_everything_in_one():
     assert all(a >= b for a, b in zip(per_position, per_position[1:]))
     assert sum(per_position) == whole.num_accepted_tokens
     assert per_position[0] == sum(1 for _, a in steps if a > 0)
+    assert sum(whole.draft_tokens_by_method.values()) == whole.num_draft_tokens
+    assert whole.method_acceptance()["suffix"] == pytest.approx(
+        sum(a for i, (_, a) in enumerate(steps) if i % 2)
+        / sum(k for i, (k, _) in enumerate(steps) if i % 2))
+    # a snapshot is a copy: recording after it leaves it as it was
+    before = whole.snapshot()
+    whole.record_method("suffix", 3, 1)
+    assert before.draft_tokens_by_method["suffix"] == whole.draft_tokens_by_method["suffix"] - 3
 
 
 def test_acceptance_tracker_follows_observations_and_drifts_back_to_the_prior():
