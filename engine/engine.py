@@ -23,7 +23,9 @@ from engine.core.kv_cache import KVCache, bytes_per_block
 from engine.core.memory import num_kv_blocks
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
-from engine.grammar import GrammarCompiler
+from engine.failures import describe, is_resource_error, nan_requests, verify_isolated
+from engine.faults import Faults
+from engine.grammar import GrammarCompiler, GrammarError
 from engine.grammar.masks import build_bitmask, known_next_tokens
 from engine.metrics.stats import StepRecorder, request_stats
 from engine.models.loader import load_model
@@ -101,6 +103,7 @@ class LLMEngine:
         self._stat_listeners: list = []
         self._recorder = StepRecorder(self.scheduler, self.block_manager)
         self._ids = itertools.count()
+        self.faults = Faults.from_env()
         self.overlap = OverlappedSteps(self) if uses_async_scheduling(
             config.scheduler.async_scheduling, self.device) else None
         logger.info("engine ready: model %s, %s on %s, %d KV blocks of %d tokens, speculation: %s",
@@ -207,12 +210,28 @@ class LLMEngine:
         model_input = runner.prepare(plan.scheduled)
         owners, row_starts = model_input.logits_owners, model_input.logits_row_starts
         requests = [plan.scheduled[i].request for i in owners]
-        bitmask = build_bitmask(requests, row_starts, model_input.num_logits)
+        failed: dict[str, str] = {}  # request id -> why: this request alone fails (failures.py)
+        bitmask = build_bitmask(requests, row_starts, model_input.num_logits, failed)
+        self.faults.raise_if("step_error", requests)
+        self.faults.raise_if("oom", requests)
         # rows whose token the grammar alone decides may skip the LM head
         hidden, logits = runner.run(model_input,
                                     known_next_tokens(requests, row_starts, bitmask))
-        emitted_by_owner = verify_requests(requests, row_starts, logits, draft_probs,
-                                           self.generator, bitmask)
+        self.faults.corrupt_logits(requests, row_starts, logits)
+        failed.update(nan_requests(requests, row_starts, logits))
+
+        def verify(some, starts):
+            self.faults.raise_if("row_error", some)
+            if len(some) == len(requests):
+                return verify_requests(some, starts, logits, draft_probs, self.generator,
+                                       bitmask)
+            rows = slice(starts[0], starts[0] + len(some[0].draft_token_ids) + 1)  # one alone
+            return verify_requests(some, [0], logits[rows], draft_probs, self.generator,
+                                   None if bitmask is None else bitmask[rows])
+
+        emitted_by_owner = verify_isolated(verify, requests, row_starts, failed)
+        emitted_by_owner = [[] if r.request_id in failed else tokens
+                            for r, tokens in zip(requests, emitted_by_owner)]
         emitted = [[] for _ in plan.scheduled]
         for owner, tokens in zip(owners, emitted_by_owner):
             emitted[owner] = tokens
@@ -220,14 +239,16 @@ class LLMEngine:
             self.speculation.observe(plan.scheduled, model_input.token_row_starts, hidden,
                                      emitted, model_input.num_rows,
                                      time.perf_counter() - started)
+        for request in requests:
+            if request.request_id in failed:
+                self._fail(request, failed[request.request_id])
         num_before = [r.num_output_tokens for r in requests]
         self.scheduler.update_from_output(plan, emitted)
         now = time.monotonic()
         latencies = [now - r.last_token_time for r in requests if r.last_token_time is not None]
         new_prompt_tokens = sum(r.num_prompt_tokens for r in requests
                                 if r.first_token_time is None and r.num_output_tokens)
-        outputs = [self._emit(request, before, row_start, logits, now,
-                              request.output_token_ids[before:])
+        outputs = [self._emit_or_fail(request, before, row_start, logits, now)
                    for request, before, row_start
                    in zip(requests, num_before, model_input.logits_row_starts)]
         self._report_step(plan, new_prompt_tokens, outputs, latencies)
@@ -239,6 +260,30 @@ class LLMEngine:
                 plan, num_prompt_tokens, sum(len(o.delta_token_ids) for o in outputs), latencies)
             for listener in self._stat_listeners:
                 listener.on_step(step_stats)
+
+    def _fail(self, request: Request, message: str) -> None:
+        """Ends a request that failed alone (status "error"); its KV is freed."""
+        logger.error("request %s failed: %s", request.request_id, message)
+        request.error = message
+        if request.is_finished:  # a stop condition met in the same step
+            request.status = RequestStatus.FINISHED_ERROR
+        else:
+            self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
+
+    def _emit_or_fail(self, request: Request, num_before: int, row_start: int,
+                      logits: torch.Tensor, now: float) -> RequestOutput:
+        state = self._states[request.request_id]
+        if request.error is None:
+            try:
+                self.faults.raise_if("detokenize_error", [request])
+                return self._emit(request, num_before, row_start, logits, now,
+                                  request.output_token_ids[num_before:])
+            except Exception as error:
+                if is_resource_error(error):
+                    raise
+                self._fail(request, describe(error))
+        self._finished(request)
+        return self._output(state, [], "", None)
 
     def _emit(self, request: Request, num_before: int, row_start: int,
               logits: torch.Tensor, now: float, new_ids: list[int]) -> RequestOutput:
@@ -259,8 +304,8 @@ class LLMEngine:
                 request.stop_reason = state.detokenizer.stop_reason
                 break
         if request.grammar is not None and new_ids and not request.grammar.accept(new_ids):
-            logger.error("request %s emitted tokens its grammar does not allow: %s",
-                         request.request_id, new_ids)
+            # never reached while masks hold; if it were, the text would break the grammar
+            raise GrammarError(f"the output broke its grammar at tokens {new_ids}")
         if request.is_finished and state.detokenizer.stop_reason is None:
             delta_text += state.detokenizer.flush()
         delta_logprobs = None
@@ -293,5 +338,6 @@ class LLMEngine:
             num_preemptions=request.num_preemptions,
             prompt=state.prompt,
             spec_stats=request.spec_stats,
+            error=request.error,
         )
 

@@ -66,6 +66,7 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
         yield
         if context.templates is not None:
             await context.templates.close()
+        context.grammar_gate.close()
         engine.shutdown()
 
     app = FastAPI(title="specserve", version=VERSION, lifespan=lifespan)

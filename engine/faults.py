@@ -1,0 +1,70 @@
+"""Faults injected for tests, never otherwise: `SPECSERVE_FAULT` names the faults armed (comma
+separated), read once when an engine starts. An armed fault fires in a step that holds a request
+whose prompt text contains its marker, `[fault:<name>]`, so a test chooses which request, and
+when, while every other request runs as usual.
+
+- `nan_logits`: that request's logits rows are NaN (a numerical fault in one request's rows);
+- `row_error`: verifying that request's rows raises;
+- `detokenize_error`: turning that request's tokens into text raises (a tokenizer error);
+- `step_error`: the step raises before the model runs, in no one request's part (unattributed);
+- `oom`: the step raises torch's out-of-memory error there, as a CUDA allocation would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FAULT_ENV = "SPECSERVE_FAULT"
+FAULTS = ("nan_logits", "row_error", "detokenize_error", "step_error", "oom")
+
+
+class InjectedFault(RuntimeError):
+    """An error raised on purpose by an armed fault."""
+
+
+def marker(name: str) -> str:
+    """What a prompt holds to fire fault `name`."""
+    return f"[fault:{name}]"
+
+
+@dataclass(frozen=True)
+class Faults:
+    armed: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_env(cls) -> "Faults":
+        names = frozenset(n.strip() for n in os.environ.get(FAULT_ENV, "").split(",") if n.strip())
+        unknown = sorted(names - set(FAULTS))
+        if unknown:
+            raise ValueError(f"{FAULT_ENV}: unknown faults {', '.join(unknown)}; "
+                             f"known: {', '.join(FAULTS)}")
+        if names:
+            logger.warning("%s=%s: faults armed (a test)", FAULT_ENV, ",".join(sorted(names)))
+        return cls(names)
+
+    def marked(self, name: str, requests: Sequence) -> list[int]:
+        """Indices of the requests on which armed fault `name` fires."""
+        if name not in self.armed:
+            return []
+        return [i for i, r in enumerate(requests)
+                if r.prompt_text is not None and marker(name) in r.prompt_text]
+
+    def raise_if(self, name: str, requests: Sequence) -> None:
+        if self.marked(name, requests):
+            if name == "oom":
+                raise torch.OutOfMemoryError("CUDA out of memory (injected: SPECSERVE_FAULT=oom)")
+            raise InjectedFault(f"injected fault {name}")
+
+    def corrupt_logits(self, requests: Sequence, row_starts: Sequence[int],
+                       logits: torch.Tensor) -> None:
+        for i in self.marked("nan_logits", requests):
+            rows = len(requests[i].draft_token_ids) + 1
+            with torch.inference_mode():
+                logits[row_starts[i]:row_starts[i] + rows] = float("nan")
