@@ -14,10 +14,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-
-def is_resource_error(error: BaseException) -> bool:
-    """Errors that say the process is short of something, never one request's fault."""
-    return isinstance(error, (MemoryError, torch.OutOfMemoryError))
+from engine.core.device import is_resource_error
+from engine.sample.verifier import verify_requests
 
 
 def describe(error: BaseException) -> str:
@@ -40,6 +38,26 @@ def nan_requests(requests: Sequence, row_starts: Sequence[int],
     with torch.inference_mode():
         logits[bad_rows] = 0.0
     return failed
+
+
+def verify_step(requests: Sequence, row_starts: Sequence[int], logits: torch.Tensor,
+                draft_probs: dict, generator: torch.Generator, bitmask: torch.Tensor | None,
+                faults, failed: dict[str, str]) -> list[list[int]]:
+    """The step's emitted tokens per request (engine.sample.verifier), requests with NaN rows or
+    whose verification fails alone recorded in `failed` and emitting nothing."""
+    faults.corrupt_logits(requests, row_starts, logits)
+    failed.update(nan_requests(requests, row_starts, logits))
+
+    def verify(some, starts):
+        faults.raise_if("row_error", some)
+        if len(some) == len(requests):
+            return verify_requests(some, starts, logits, draft_probs, generator, bitmask)
+        rows = slice(starts[0], starts[0] + len(some[0].draft_token_ids) + 1)  # one alone
+        return verify_requests(some, [0], logits[rows], draft_probs, generator,
+                               None if bitmask is None else bitmask[rows])
+
+    emitted = verify_isolated(verify, requests, row_starts, failed)
+    return [[] if r.request_id in failed else tokens for r, tokens in zip(requests, emitted)]
 
 
 def verify_isolated(verify: Callable, requests: Sequence, row_starts: Sequence[int],

@@ -5,6 +5,7 @@ when, while every other request runs as usual.
 
 - `nan_logits`: that request's logits rows are NaN (a numerical fault in one request's rows);
 - `row_error`: verifying that request's rows raises;
+- `grammar_error`: that request's grammar fails once it has emitted two tokens (mid-generation);
 - `detokenize_error`: turning that request's tokens into text raises (a tokenizer error);
 - `step_error`: the step raises before the model runs, in no one request's part (unattributed);
 - `oom`: the step raises torch's out-of-memory error there, as a CUDA allocation would.
@@ -22,7 +23,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 FAULT_ENV = "SPECSERVE_FAULT"
-FAULTS = ("nan_logits", "row_error", "detokenize_error", "step_error", "oom")
+FAULTS = ("nan_logits", "row_error", "grammar_error", "detokenize_error", "step_error", "oom")
+GRAMMAR_ERROR_AFTER = 2  # output tokens before an armed grammar_error fires
 
 
 class InjectedFault(RuntimeError):
@@ -61,6 +63,12 @@ class Faults:
             if name == "oom":
                 raise torch.OutOfMemoryError("CUDA out of memory (injected: SPECSERVE_FAULT=oom)")
             raise InjectedFault(f"injected fault {name}")
+
+    def grammar_check(self, request) -> None:
+        """Called before each of a constrained request's masks is built."""
+        if request.num_output_tokens >= GRAMMAR_ERROR_AFTER and \
+                self.marked("grammar_error", [request]):
+            raise InjectedFault("injected fault grammar_error: the grammar failed")
 
     def corrupt_logits(self, requests: Sequence, row_starts: Sequence[int],
                        logits: torch.Tensor) -> None:
