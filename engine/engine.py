@@ -132,10 +132,12 @@ class LLMEngine:
         # A grammar is compiled once per constraint (the server compiles it before this, off
         # the engine's thread; here it is a cache hit and a copy).
         grammar = self.grammars.matcher(params.structured) if params.structured else None
-        return Request(
+        request = Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt_token_ids=token_ids, sampling_params=params, eos_token_ids=self.eos_token_ids,
             prompt_text=prompt_text, grammar=grammar)
+        self.faults.note(request, self.tokenizer)
+        return request
 
     def add(self, request: Request) -> None:
         if request.request_id in self._states:

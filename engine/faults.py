@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -36,9 +36,10 @@ def marker(name: str) -> str:
     return f"[fault:{name}]"
 
 
-@dataclass(frozen=True)
 class Faults:
-    armed: frozenset[str] = frozenset()
+    def __init__(self, armed: frozenset[str] = frozenset()):
+        self.armed = armed
+        self._marked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # request -> names
 
     @classmethod
     def from_env(cls) -> "Faults":
@@ -51,12 +52,23 @@ class Faults:
             logger.warning("%s=%s: faults armed (a test)", FAULT_ENV, ",".join(sorted(names)))
         return cls(names)
 
+    def note(self, request, tokenizer) -> None:
+        """At intake: which armed faults the request's prompt marks (its text, or its token ids
+        decoded once, as the server sends them)."""
+        if not self.armed:
+            return
+        text = request.prompt_text
+        if text is None:
+            text = tokenizer.decode(request.prompt_token_ids)
+        names = {name for name in self.armed if marker(name) in text}
+        if names:
+            self._marked[request] = names
+
     def marked(self, name: str, requests: Sequence) -> list[int]:
         """Indices of the requests on which armed fault `name` fires."""
         if name not in self.armed:
             return []
-        return [i for i, r in enumerate(requests)
-                if r.prompt_text is not None and marker(name) in r.prompt_text]
+        return [i for i, r in enumerate(requests) if name in self._marked.get(r, ())]
 
     def raise_if(self, name: str, requests: Sequence) -> None:
         if self.marked(name, requests):
