@@ -123,12 +123,14 @@ class GrammarMatcher:
     def _fill(self, words, base: int, row: int) -> None:
         """Row `row` of the bitmask whose numpy view is `words` and whose data is at `base`."""
         row_bytes = words.shape[1] * 4
-        stopped = self._matcher.is_stopped()
-        if not stopped:
+        # A matcher in error also reads as stopped: asked first, it is never taken for a
+        # complete match (which once let a grammar past its limits end with "stop").
+        stopped = not self._matcher.is_error() and self._matcher.is_stopped()
+        if not stopped and not self._matcher.is_error():
             self._matcher.unsafe_compute_mask_ptr(base + row * row_bytes, row_bytes)
         if not stopped and (self._matcher.is_error() or not words[row].any()):
             # A grammar past its limits, or at a dead end: never text it does not allow.
-            raise GrammarError(self._matcher.get_error() or
+            raise GrammarError(_first_line(self._matcher.get_error()) or
                                "the grammar allows no token here")
         if stopped:  # a complete match ends the text
             words[row] = 0

@@ -64,6 +64,8 @@ def _walk(matcher, scratch: torch.Tensor, rng: random.Random, lowest: bool,
     for _ in range(WALK_TOKENS):
         if deadline is not None and time.monotonic() > deadline:
             raise ProbeTimeout()
+        if matcher.is_error():  # (an error also reads as stopped)
+            return matcher.get_error()
         if matcher.is_stopped():
             return None
         matcher.unsafe_compute_mask_ptr(scratch.data_ptr(), scratch.numel() * 4)
