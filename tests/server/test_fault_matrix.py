@@ -119,10 +119,11 @@ def test_kv_exhaustion_preempts_and_loses_nothing(fault_server):
     held. Every request completes with all its tokens; a request larger than the whole cache is
     a 400 at admission."""
     before = fault_server.metrics().get("num_preemptions_total", 0)
-    prompt = "word " * 300
     outcomes: list = []
-    threads = [threading.Thread(target=lambda: outcomes.append(
-        _completion(fault_server, prompt, max_tokens=60))) for _ in range(8)]
+    # Distinct first words: no prompt shares a cached block with another.
+    threads = [threading.Thread(target=lambda i=i: outcomes.append(
+        _completion(fault_server, f"story {i}: " + "word " * 300, max_tokens=60)))
+        for i in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
