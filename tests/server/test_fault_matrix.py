@@ -111,6 +111,7 @@ def test_an_unattributed_fault_ends_everything_and_exits_non_zero(long_context_t
             health = None  # already gone
         assert health != 200
         returncode = server.process.wait(timeout=max(0.1, 10 - (time.monotonic() - started)))
+        print(f"{fault}: exit {returncode} {time.monotonic() - started:.2f} s after the fault")
         assert returncode == 1, returncode
 
 
