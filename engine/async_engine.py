@@ -37,6 +37,10 @@ class EngineDeadError(RuntimeError):
     """The step loop stopped; no request can be served any more."""
 
 
+class RequestFailedError(RuntimeError):
+    """One request failed alone (its grammar, its logits, its text); the engine goes on."""
+
+
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
@@ -62,6 +66,10 @@ class AsyncEngine:
         # Called on the engine thread before every step: fault injection for tests (a wedged
         # loop), nothing else.
         self.before_step: Callable[[], None] | None = None
+        # Called once, on the engine thread, when a step fails in no one request's part and
+        # the loop stops (the server then exits non-zero).
+        self.on_dead: Callable[[BaseException], None] | None = None
+        self.dead_error: EngineDeadError | None = None
         self._thread = threading.Thread(target=self._build_and_run, args=(build_engine,),
                                         name="specserve-engine", daemon=True)
         self._thread.start()
@@ -151,7 +159,7 @@ class AsyncEngine:
         first and the last (whose text, tokens and logprobs are cumulative). Leaving the loop
         early (a client disconnect, a cancelled task) aborts the request and frees its blocks."""
         if not self.is_running:
-            raise EngineDeadError("the engine loop is not running")
+            raise self.dead_error or EngineDeadError("the engine loop is not running")
         if isinstance(prompt, Request):  # validated already (`validate`)
             request = prompt
             request.request_id = request_id or request.request_id
@@ -160,6 +168,9 @@ class AsyncEngine:
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), final_only)
         self._streams[request.request_id] = stream
         self._commands.put(("add", request))
+        if not self.is_running:  # it died between the check above and the registration
+            self._streams.pop(request.request_id, None)
+            raise self.dead_error or EngineDeadError("the engine loop is not running")
         finished = False
         try:
             while not finished:
@@ -209,10 +220,12 @@ class AsyncEngine:
                 if self.before_step is not None:
                     self.before_step()
                 outputs = self.engine.step()
-            except Exception as error:  # a failed step must not take the server down
-                logger.exception("engine step failed; failing the requests it held")
-                self._fail_all(error)
-                continue
+            except Exception as error:
+                # No one request's fault (engine/failures.py): the engine's state can no longer
+                # be trusted, so every request ends with an error and the loop stops.
+                logger.exception("engine step failed outside any one request; the engine stops")
+                self._die(error)
+                return
             finally:
                 self._step_started_at = None
             for output in outputs:
@@ -256,9 +269,15 @@ class AsyncEngine:
                 and not item.finished:
             return
         stream.delivered = True
+        if isinstance(item, RequestOutput) and item.error is not None:
+            item = RequestFailedError(item.error)
         stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, item)
 
-    def _fail_all(self, error: Exception) -> None:
-        for request_id in self.engine.unfinished_request_ids():
-            self.engine.abort(request_id)
-            self._deliver(request_id, RuntimeError(f"engine step failed: {error}"))
+    def _die(self, error: Exception) -> None:
+        self.dead_error = EngineDeadError(f"the engine failed and stopped: "
+                                          f"{type(error).__name__}: {error}")
+        self._stopped.set()
+        for request_id, stream in list(self._streams.items()):  # queued adds included
+            stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, self.dead_error)
+        if self.on_dead is not None:
+            self.on_dead(error)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -17,36 +16,35 @@ from engine.attention import triton_backend
 from engine.config import EngineConfig, EngineLimits
 from engine.core.block_manager import BlockManager
 from engine.core.detokenizer import IncrementalDetokenizer
-from engine.core.device import free_memory_bytes, pick_device, pick_dtype, release_cached_memory
+from engine.core.device import (
+    free_memory_bytes,
+    is_resource_error,
+    pick_device,
+    pick_dtype,
+    release_cached_memory,
+)
 from engine.core.intake import check_fits, check_prompt_ids
 from engine.core.kv_cache import KVCache, bytes_per_block
 from engine.core.memory import num_kv_blocks
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
+from engine.failures import describe, verify_step
+from engine.faults import Faults
 from engine.grammar import GrammarCompiler
 from engine.grammar.masks import build_bitmask, known_next_tokens
 from engine.metrics.stats import StepRecorder, request_stats
 from engine.models.loader import load_model
-from engine.outputs import RequestOutput, TokenLogprob
+from engine.emit import RequestState, build_output, emit
+from engine.outputs import RequestOutput
 from engine.runner import runner_for
 from engine.runner.model_runner import ModelRunner
 from engine.runner.overlap import OverlappedSteps, uses_async_scheduling
 from engine.runner.static_runner import StaticStepRunner, uses_padded_steps
-from engine.sample.sampler import compute_logprobs
-from engine.sample.verifier import verify_requests
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.factory import build_speculation
 from engine.spec_decode.speculation import Speculation
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _RequestState:
-    request: Request
-    detokenizer: IncrementalDetokenizer
-    prompt: str | None
-    logprobs: list[TokenLogprob] | None
 
 
 class LLMEngine:
@@ -97,10 +95,11 @@ class LLMEngine:
                 self.block_manager.window = None
         if self.static_runner is not None:  # after speculation: a head may widen the outputs
             self.static_runner.capture_graphs()
-        self._states: dict[str, _RequestState] = {}
+        self._states: dict[str, RequestState] = {}
         self._stat_listeners: list = []
         self._recorder = StepRecorder(self.scheduler, self.block_manager)
         self._ids = itertools.count()
+        self.faults = Faults.from_env()
         self.overlap = OverlappedSteps(self) if uses_async_scheduling(
             config.scheduler.async_scheduling, self.device) else None
         logger.info("engine ready: model %s, %s on %s, %d KV blocks of %d tokens, speculation: %s",
@@ -134,10 +133,12 @@ class LLMEngine:
         # A grammar is compiled once per constraint (the server compiles it before this, off
         # the engine's thread; here it is a cache hit and a copy).
         grammar = self.grammars.matcher(params.structured) if params.structured else None
-        return Request(
+        request = Request(
             request_id=request_id or f"req-{next(self._ids)}",
             prompt_token_ids=token_ids, sampling_params=params, eos_token_ids=self.eos_token_ids,
             prompt_text=prompt_text, grammar=grammar, cache_salt=cache_salt)
+        self.faults.note(request, self.tokenizer)
+        return request
 
     def add(self, request: Request) -> None:
         if request.request_id in self._states:
@@ -145,7 +146,7 @@ class LLMEngine:
         params = request.sampling_params
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
                                              params.stop, params.skip_special_tokens)
-        self._states[request.request_id] = _RequestState(
+        self._states[request.request_id] = RequestState(
             request, detokenizer, request.prompt_text,
             [] if params.logprobs is not None else None,
         )
@@ -167,7 +168,7 @@ class LLMEngine:
             request.truncate_output(request.num_output_tokens - request.num_placeholder_tokens)
         self.scheduler.abort(request)
         self._finished(request)
-        return self._output(state, [], "", None)
+        return build_output(state, [], "", None)
 
     def add_stat_listener(self, listener) -> None:
         """`listener.on_step(StepStats)` after every step and `listener.on_request_finished(
@@ -210,12 +211,16 @@ class LLMEngine:
         model_input = runner.prepare(plan.scheduled)
         owners, row_starts = model_input.logits_owners, model_input.logits_row_starts
         requests = [plan.scheduled[i].request for i in owners]
-        bitmask = build_bitmask(requests, row_starts, model_input.num_logits)
+        failed: dict[str, str] = {}  # request id -> why: this request alone fails (failures.py)
+        bitmask = build_bitmask(requests, row_starts, model_input.num_logits, failed,
+                                self.faults.grammar_check if self.faults.armed else None)
+        self.faults.raise_if("step_error", requests)
+        self.faults.raise_if("oom", requests)
         # rows whose token the grammar alone decides may skip the LM head
         hidden, logits = runner.run(model_input,
                                     known_next_tokens(requests, row_starts, bitmask))
-        emitted_by_owner = verify_requests(requests, row_starts, logits, draft_probs,
-                                           self.generator, bitmask)
+        emitted_by_owner = verify_step(requests, row_starts, logits, draft_probs,
+                                       self.generator, bitmask, self.faults, failed)
         emitted = [[] for _ in plan.scheduled]
         for owner, tokens in zip(owners, emitted_by_owner):
             emitted[owner] = tokens
@@ -223,6 +228,9 @@ class LLMEngine:
             self.speculation.observe(plan.scheduled, model_input.token_row_starts, hidden,
                                      emitted, model_input.num_rows,
                                      time.perf_counter() - started)
+        for request in requests:
+            if request.request_id in failed:
+                self._fail(request, failed[request.request_id])
         num_before = [r.num_output_tokens for r in requests]
         self.scheduler.update_from_output(plan, emitted)
         now = time.monotonic()
@@ -243,58 +251,32 @@ class LLMEngine:
             for listener in self._stat_listeners:
                 listener.on_step(step_stats)
 
-    def _emit(self, request: Request, num_before: int, row_start: int,
-              logits: torch.Tensor, now: float, new_ids: list[int]) -> RequestOutput:
-        """`new_ids`: the step's tokens of this request, from output position `num_before`."""
+    def _fail(self, request: Request, message: str) -> None:
+        """Ends a request that failed alone (status "error"); its KV is freed."""
+        logger.error("request %s failed: %s", request.request_id, message)
+        request.error = message
+        if request.is_finished:  # a stop condition met in the same step
+            request.status = RequestStatus.FINISHED_ERROR
+        else:
+            self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
+
+    def _emit(self, request: Request, num_before: int, row_start: int, logits: torch.Tensor,
+              now: float, new_ids: list[int]) -> RequestOutput:
+        """engine.emit's output, or, where that fails (a tokenizer error, a token the grammar
+        refuses), the request ended with an error."""
         state = self._states[request.request_id]
-        if new_ids:
-            if request.first_token_time is None:
-                request.first_token_time = now
-            request.last_token_time = now
-        delta_text = ""
-        for count, token_id in enumerate(new_ids, start=1):
-            delta_text += state.detokenizer.append([token_id])
-            if state.detokenizer.stop_reason is not None:
-                # A stop string inside a run of accepted drafts: drop the tokens after it.
-                new_ids = new_ids[:count]
-                self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED,
-                                      num_output_tokens=num_before + count)
-                request.stop_reason = state.detokenizer.stop_reason
-                break
-        if request.grammar is not None and new_ids and not request.grammar.accept(new_ids):
-            logger.error("request %s emitted tokens its grammar does not allow: %s",
-                         request.request_id, new_ids)
-        if request.is_finished and state.detokenizer.stop_reason is None:
-            delta_text += state.detokenizer.flush()
-        delta_logprobs = None
-        if state.logprobs is not None and new_ids:
-            rows = logits[row_start:row_start + len(new_ids)]
-            out = compute_logprobs(rows, torch.tensor(new_ids, device=rows.device),
-                                   request.sampling_params.logprobs)
-            delta_logprobs = [TokenLogprob.from_sampler(t, i, out) for i, t in enumerate(new_ids)]
-            state.logprobs.extend(delta_logprobs)
+        output = None
+        if request.error is None:
+            try:
+                self.faults.raise_if("detokenize_error", [request])
+                output = emit(state, self.scheduler, num_before, row_start, logits, now,
+                              new_ids)
+            except Exception as error:
+                if is_resource_error(error):
+                    raise
+                self._fail(request, describe(error))
+        if output is None:  # it failed, in this step's rows or just now
+            output = build_output(state, [], "", None)
         if request.is_finished:
             self._finished(request)
-        return self._output(state, new_ids, delta_text, delta_logprobs)
-
-    def _output(self, state: _RequestState, delta_ids, delta_text, delta_logprobs):
-        request = state.request
-        finished = request.is_finished
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            text=state.detokenizer.text,
-            token_ids=list(request.output_token_ids) if finished else [],
-            delta_text=delta_text,
-            delta_token_ids=delta_ids,
-            finished=finished,
-            finish_reason=request.status.value if finished else None,
-            stop_reason=request.stop_reason,
-            logprobs=state.logprobs,
-            delta_logprobs=delta_logprobs,
-            num_cached_tokens=request.num_cached_prompt_tokens,
-            num_preemptions=request.num_preemptions,
-            prompt=state.prompt,
-            spec_stats=request.spec_stats,
-        )
-
+        return output

@@ -33,7 +33,7 @@ class RequestOutput:
     delta_text: str  # text that became visible in this step
     delta_token_ids: list[int]
     finished: bool
-    finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" once finished
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     logprobs: list[TokenLogprob] | None = None  # per generated token, when asked for
     delta_logprobs: list[TokenLogprob] | None = None
@@ -41,3 +41,4 @@ class RequestOutput:
     num_preemptions: int = 0
     prompt: str | None = None
     spec_stats: SpecStats = field(default_factory=SpecStats)  # this request's speculation
+    error: str | None = None  # why the request failed (finish_reason "error"), for its client

@@ -185,7 +185,6 @@ class _Response:
                 yield event(self._chunk([], usage))
             yield DONE
         except Exception as error:
-            yield error_event(error)
-            yield DONE
+            yield error_event(error)  # and no [DONE]: the stream did not succeed
         finally:
             await fanout.aclose()

@@ -11,6 +11,7 @@ from fastapi import Request
 
 from engine import AsyncEngine
 from server.errors import SERVER_ERROR, APIError
+from server.grammar_gate import GrammarGate
 from server.templates import ChatTemplates, TemplateLimits
 
 DEFAULT_MAX_QUEUE = 256
@@ -105,6 +106,7 @@ class ServerContext:
     server_metrics: object | None = None  # server.metrics.ServerMetrics, once serving
     templates: ChatTemplates | None = None  # None: the model has no chat template
     response_store: object | None = None  # server.responses.store.ResponseStore, once serving
+    grammar_gate: GrammarGate = field(default_factory=GrammarGate)  # structured-output workers
 
     @property
     def max_model_len(self) -> int:

@@ -8,6 +8,7 @@ engine's contract, so it is a 400 too.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -18,12 +19,13 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from engine.async_engine import EngineDeadError
+from engine.async_engine import EngineDeadError, RequestFailedError
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 INVALID_REQUEST = "invalid_request_error"
+INLINE_BODY_BYTES = 64 * 1024  # larger bodies are parsed on a worker thread, off the event loop
 SERVER_ERROR = "server_error"
 
 
@@ -94,6 +96,12 @@ async def parse_body(request: Request, model: type[BaseModel]) -> BaseModel:
         raise APIError(415, f"the request body must be JSON (Content-Type: application/json), "
                        f"not {content_type}")
     raw = await request.body()
+    if len(raw) > INLINE_BODY_BYTES:  # parsing and validating it may take more than a few ms
+        return await asyncio.to_thread(_parse, raw, model)
+    return _parse(raw, model)
+
+
+def _parse(raw: bytes, model: type[BaseModel]) -> BaseModel:
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -161,7 +169,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EngineDeadError)
     async def engine_dead(_request, error: EngineDeadError):
-        return APIError(503, str(error), SERVER_ERROR).response()
+        return APIError(503, str(error), SERVER_ERROR, code="engine_dead").response()
+
+    @app.exception_handler(RequestFailedError)
+    async def request_failed(_request, error: RequestFailedError):
+        return APIError(500, f"the request failed: {error}", SERVER_ERROR,
+                        code="request_failed").response()
 
     @app.exception_handler(Exception)
     async def unexpected(_request, error: Exception):

@@ -12,6 +12,11 @@ balancer) asks about them.
   "abort", its usage if asked, and `[DONE]`. Once every response has closed and the engine holds no
   request and no KV block, uvicorn shuts down and the process exits 0. A second signal exits at
   once.
+- Engine death (a step failed in no one request's part, out of memory included: see
+  engine/failures.py): every request in flight has ended with an error, `/health` says
+  `engine_dead`, and after `DEAD_EXIT_GRACE_S` (for those errors to reach their clients) uvicorn
+  shuts down and the process exits 1, so an orchestrator restarts it. A watchdog exits 1 at
+  `DEAD_EXIT_DEADLINE_S` whatever uvicorn is doing.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ logger = logging.getLogger(__name__)
 ABORT_GRACE_S = 5.0  # after the deadline: for aborted streams to send their last events
 IDLE_WAIT_S = 5.0  # for the engine to free the aborted requests' blocks
 POLL_S = 0.05
+DEAD_EXIT_GRACE_S = 1.0
+DEAD_EXIT_DEADLINE_S = 8.0
+DEAD_EXIT_STATUS = 1
 WARM_UP_PROMPT = "Warm-up."
 WEDGE_ENV = "SPECSERVE_FAULT_WEDGE_ENGINE"  # tests only: "1" wedges the first step after warm-up
 # The /metrics series the drain's last log line quotes: what a scrape would read just before exit.
@@ -70,6 +78,7 @@ class Lifecycle:
         self.warmed_up = False
         self.draining = False
         self.on_drained: Callable[[], None] = lambda: None
+        self.exit_status = 0  # what the process exits with once uvicorn has stopped
         self.render_metrics: Callable[[], bytes] | None = None  # the /metrics exposition
         self._drain_task: asyncio.Task | None = None
 
@@ -78,6 +87,7 @@ class Lifecycle:
         serves. On the event loop, before the first HTTP request."""
         self.context = context
         self.loop = asyncio.get_running_loop()
+        context.engine.on_dead = self._engine_died
         prompt_ids = context.engine.tokenizer(WARM_UP_PROMPT)["input_ids"]
         async for _ in context.engine.generate(prompt_ids, SamplingParams(max_tokens=1),
                                                "warm-up"):
@@ -87,6 +97,17 @@ class Lifecycle:
             logger.warning("%s=1: the engine loop will wedge at its next step (a test)",
                            WEDGE_ENV)
             context.engine.before_step = threading.Event().wait
+
+    def _engine_died(self, error: BaseException) -> None:
+        """On the engine's thread, once."""
+        logger.critical("the engine stopped (%s: %s); exiting with status %d in %.0f s",
+                        type(error).__name__, error, DEAD_EXIT_STATUS, DEAD_EXIT_GRACE_S)
+        self.exit_status = DEAD_EXIT_STATUS
+        watchdog = threading.Timer(DEAD_EXIT_DEADLINE_S, _exit_now, args=(DEAD_EXIT_STATUS,))
+        watchdog.daemon = True
+        watchdog.start()
+        self.loop.call_soon_threadsafe(self.loop.call_later, DEAD_EXIT_GRACE_S,
+                                       lambda: self.on_drained())
 
     # ------------------------------------------------------------------ probes
     def liveness(self) -> Probe:
@@ -184,10 +205,7 @@ class DrainingServer(uvicorn.Server):
         # would turn exit status 0 into death by signal.
         if self._signalled:
             logger.warning("second %s: exiting now", signal.Signals(sig).name)
-            for handler in logging.getLogger().handlers:
-                handler.flush()
-            sys.stderr.flush()
-            os._exit(128 + sig)
+            _exit_now(128 + sig)
         self._signalled = True
         loop = self.lifecycle.loop
         if self.lifecycle.context is None or loop is None:
@@ -197,6 +215,13 @@ class DrainingServer(uvicorn.Server):
 
     def _drained(self) -> None:
         self.should_exit = True
+
+
+def _exit_now(status: int) -> None:
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def serve(app, lifecycle: Lifecycle, host: str, port: int, log_level: str,
@@ -211,3 +236,5 @@ def serve(app, lifecycle: Lifecycle, host: str, port: int, log_level: str,
                             timeout_graceful_shutdown=ABORT_GRACE_S,
                             http=header_timeout_protocol(header_timeout_s))
     DrainingServer(config, lifecycle).run()
+    if lifecycle.exit_status:
+        _exit_now(lifecycle.exit_status)

@@ -1,6 +1,6 @@
 """Server-sent events as OpenAI streams them: `data: {json}\\n\\n` per chunk, `data: [DONE]\\n\\n`
 last. An error after the stream started (the status line is gone) is sent as an event carrying
-OpenAI's error envelope, followed by `[DONE]`."""
+OpenAI's error envelope, and the stream ends there: no `[DONE]`, which would claim success."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from engine.async_engine import EngineDeadError
+from engine.async_engine import EngineDeadError, RequestFailedError
 from server.errors import SERVER_ERROR, APIError, from_value_error
 
 logger = logging.getLogger(__name__)
@@ -50,9 +50,13 @@ def error_event(error: Exception) -> str:
         api_error = error
     elif isinstance(error, ValueError):
         api_error = from_value_error(error)
+    elif isinstance(error, RequestFailedError):  # logged by the engine
+        api_error = APIError(500, f"the request failed: {error}", SERVER_ERROR,
+                             code="request_failed")
+    elif isinstance(error, EngineDeadError):
+        api_error = APIError(503, str(error), SERVER_ERROR, code="engine_dead")
     else:
-        if not isinstance(error, EngineDeadError):
-            logger.exception("stream failed", exc_info=error)
+        logger.exception("stream failed", exc_info=error)
         api_error = APIError(500, str(error), SERVER_ERROR)
     return f"data: {json.dumps(api_error.body())}\n\n"
 

@@ -148,3 +148,9 @@ def _pinned(tensor: torch.Tensor) -> torch.Tensor:
     host memory pins): under `torch.set_default_device` or a `with torch.device(...)` context,
     tensors made without a device, the steps' "host" tensors too, are made there."""
     return tensor.pin_memory() if tensor.device.type == "cpu" else tensor
+
+
+def is_resource_error(error: BaseException) -> bool:
+    """Errors that say the process is short of memory (host or device), never one request's
+    fault: a step that raises one fails the engine, not a request."""
+    return isinstance(error, (MemoryError, torch.OutOfMemoryError))

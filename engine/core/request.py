@@ -21,6 +21,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"  # EOS, a stop token id or a stop string
     FINISHED_LENGTH = "length"  # max_tokens or the model's context limit
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # a failure of this request alone (its grammar, its logits)
 
     @property
     def finished(self) -> bool:
@@ -33,6 +34,7 @@ _FINISHED = {
     RequestStatus.FINISHED_STOPPED,
     RequestStatus.FINISHED_LENGTH,
     RequestStatus.FINISHED_ABORTED,
+    RequestStatus.FINISHED_ERROR,
 }
 for _status in RequestStatus:
     _status._finished = _status in _FINISHED
@@ -95,6 +97,7 @@ class Request:
     last_token_time: float | None = None
     finished_time: float | None = None
     stop_reason: str | int | None = None
+    error: str | None = None  # why it failed, with status FINISHED_ERROR (writer: the engine)
 
     # prompt + output, kept as one list so hot paths need not concatenate.
     all_token_ids: list[int] = field(init=False)

@@ -20,8 +20,17 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from engine.grammar.constraint import Constraint, grammar_text
+from engine.grammar.probe import ProbeTimeout, probe, schema_patterns
 
 CACHE_SIZE = 256  # compiled constraints kept
+# llguidance's own limits, the same for compiling, probing and every request's masks. Its defaults,
+# except two. The lexer's states (1-2 kB each): 50,000 of them bound one grammar's lexer to
+# ~100 MB. The initial lexer fuel: at 200,000 (not 1,000,000) `a{1000000}` is refused in ~0.1 s,
+# not 0.5-1.7 s, and a schema of 1,900 required properties or a choice of 20,000 options still
+# compile.
+PARSER_LIMITS = dict(max_items_in_row=2000, initial_lexer_fuel=200_000,
+                     step_lexer_fuel=200_000, step_max_items=50_000, max_lexer_states=50_000,
+                     max_grammar_size=500_000, verbose_errors=False)
 
 
 class GrammarError(ValueError):
@@ -114,15 +123,23 @@ class GrammarMatcher:
     def _fill(self, words, base: int, row: int) -> None:
         """Row `row` of the bitmask whose numpy view is `words` and whose data is at `base`."""
         row_bytes = words.shape[1] * 4
-        stopped = self._matcher.is_stopped()
-        if not stopped:
+        # A matcher in error also reads as stopped: asked first, it is never taken for a
+        # complete match (which once let a grammar past its limits end with "stop").
+        stopped = not self._matcher.is_error() and self._matcher.is_stopped()
+        if not stopped and not self._matcher.is_error():
             self._matcher.unsafe_compute_mask_ptr(base + row * row_bytes, row_bytes)
-        if stopped or self._matcher.is_error() or not words[row].any():
-            # A complete match ends the text; so does a grammar gone wrong (rather than leaving
-            # nothing to pick).
+        if not stopped and (self._matcher.is_error() or not words[row].any()):
+            # A grammar past its limits, or at a dead end: never text it does not allow.
+            raise GrammarError(_first_line(self._matcher.get_error()) or
+                               "the grammar allows no token here")
+        if stopped:  # a complete match ends the text
             words[row] = 0
             for token_id in self._eos:
                 words[row, token_id // 32] |= _bit(token_id % 32)
+
+
+def _first_line(error: str) -> str:
+    return error.strip().splitlines()[0] if error.strip() else error
 
 
 def _allows(row_words, token_id: int) -> bool:
@@ -142,7 +159,11 @@ class GrammarCompiler:
         self.vocab_size = max(vocab_size, len(tokenizer))
         self.eos_token_ids = frozenset(eos_token_ids)
         self._tokenizer = None
+        # Keyed by the constraint, whose spec is canonical text (a schema as json.dumps writes
+        # it, however the client spaced it): compiled matchers, and the errors of those that
+        # failed.
         self._cache: OrderedDict[Constraint, object] = OrderedDict()
+        self._failed: OrderedDict[Constraint, str] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -157,31 +178,68 @@ class GrammarCompiler:
                     eos_token=sorted(self.eos_token_ids) or None)
             return self._tokenizer
 
-    def compile(self, constraint: Constraint):
-        """The compiled matcher of a constraint, cached; raises GrammarError."""
+    def compile(self, constraint: Constraint, deadline: float | None = None):
+        """The compiled matcher of a constraint, cached; raises GrammarError, also for a grammar
+        whose compilation and probe run past `deadline` (time.monotonic())."""
         with self._lock:
             if constraint in self._cache:
                 self._cache.move_to_end(constraint)
                 return self._cache[constraint]
-        import llguidance
+            if constraint in self._failed:  # the same hostile spec, sent again, costs nothing
+                raise GrammarError(self._failed[constraint])
+        try:
+            matcher = self._compile(constraint, deadline)
+        except GrammarError as error:
+            if "took too long" not in str(error):  # a busier moment may finish it
+                self._remember(self._failed, constraint, str(error))
+            raise
+        self._remember(self._cache, constraint, matcher)
+        return matcher
 
+    def _remember(self, cache: OrderedDict, constraint: Constraint, value) -> None:
+        with self._lock:
+            cache[constraint] = value
+            while len(cache) > CACHE_SIZE:
+                cache.popitem(last=False)
+
+    def _compile(self, constraint: Constraint, deadline: float | None):
         try:
             grammar = grammar_text(constraint)
         except ValueError as error:
             raise GrammarError(str(error)) from None
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar)
-        if not matcher.is_error():
-            # The first mask builds the lexer: an error there (a limit hit) is the grammar's too.
-            scratch = torch.empty((self.vocab_size + 31) // 32, dtype=torch.int32)
-            matcher.unsafe_compute_mask_ptr(scratch.data_ptr(), scratch.numel() * 4)
-        if matcher.is_error():
-            raise GrammarError(f"invalid {constraint.kind.replace('_', ' ')}: "
-                               f"{matcher.get_error()}")
-        with self._lock:
-            self._cache[constraint] = matcher
-            while len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
+        what = constraint.kind.replace("_", " ")
+        matcher = self._new_matcher(grammar)
+        try:
+            # The first masks build the lexer: an error there (a limit hit) is the grammar's too.
+            error = matcher.get_error() if matcher.is_error() else \
+                probe(matcher, self.vocab_size, self.eos_token_ids, deadline)
+            if not error and constraint.kind == "json_schema":
+                error = self._probe_patterns(constraint.spec, deadline)
+        except ProbeTimeout:
+            raise GrammarError(f"the {what} took too long to compile and check") from None
+        if error:
+            raise GrammarError(f"invalid {what}: {_first_line(error)}")
         return matcher
+
+    def _new_matcher(self, grammar: str):
+        import llguidance
+
+        return llguidance.LLMatcher(self.tokenizer, grammar, log_level=0,
+                                    limits=llguidance.LLParserLimits(**PARSER_LIMITS))
+
+    def _probe_patterns(self, schema_text: str, deadline: float | None) -> str | None:
+        """Each pattern of the schema alone, as a string of its own (so translated as the
+        schema's own are): an error names the pattern."""
+        from llguidance import LLMatcher
+
+        for pattern in schema_patterns(schema_text):
+            matcher = self._new_matcher(LLMatcher.grammar_from_json_schema(
+                {"type": "string", "pattern": pattern}))
+            error = matcher.get_error() if matcher.is_error() else \
+                probe(matcher, self.vocab_size, self.eos_token_ids, deadline, num_walks=1)
+            if error:
+                return f"pattern {pattern[:80]!r}: {_first_line(error)}"
+        return None
 
     def matcher(self, constraint: Constraint) -> GrammarMatcher:
         return GrammarMatcher(self.compile(constraint).deep_copy(), self.eos_token_ids,

@@ -61,9 +61,11 @@ def grammar_text(constraint: Constraint) -> str:
         options = _json(spec, "choice")
         if not options or not all(isinstance(o, str) and o for o in options):
             raise ValueError("choice must be a non-empty list of non-empty strings")
-        # Lark string literals take JSON's escapes, so any text is one literal.
+        # Lark string literals take JSON's escapes, so any text is one literal. One terminal
+        # (a single lexer regex), not one rule per option: an Earley row holds at most 2,000
+        # items, and 5,000 alternatives in a rule failed after the first token.
         return LLMatcher.grammar_from_lark(
-            "start: " + " | ".join(json.dumps(o) for o in dict.fromkeys(options)))
+            "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(o) for o in dict.fromkeys(options)))
     from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
     try:

@@ -3,11 +3,11 @@ matcher, unpacked to booleans on the logits' device, applied before any other pr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from engine.core.device import to_device
+from engine.core.device import is_resource_error, to_device
 from engine.quant.kernels import cpu_ops_for, cpu_ops_on
 
 
@@ -16,16 +16,28 @@ def allocate_bitmask(num_rows: int, num_words: int) -> torch.Tensor:  # [num_row
     return torch.full((num_rows, num_words), -1, dtype=torch.int32)
 
 
-def build_bitmask(requests: Sequence, row_starts: Sequence[int],
-                  num_rows: int) -> torch.Tensor | None:
+def build_bitmask(requests: Sequence, row_starts: Sequence[int], num_rows: int,
+                  failed: dict[str, str] | None = None,
+                  before_fill: Callable | None = None) -> torch.Tensor | None:
     """Rows row_start + j of a constrained request allow what its grammar allows after its
-    drafts[:j]; None when no request in the step is constrained."""
+    drafts[:j]; None when no request in the step is constrained. With `failed`, a request whose
+    masks raise (its grammar past its limits) is recorded there by id, its rows left allowing
+    every token (never sampled from: it ends with an error), and the others go on.
+    `before_fill(request)`: a test's fault hook (engine/faults.py)."""
     constrained = [(r, start) for r, start in zip(requests, row_starts) if r.grammar is not None]
     if not constrained:
         return None
     bitmask = allocate_bitmask(num_rows, constrained[0][0].grammar.num_mask_words)
     for request, start in constrained:
-        request.grammar.fill_masks(bitmask, start, request.draft_token_ids)
+        try:
+            if before_fill is not None:
+                before_fill(request)
+            request.grammar.fill_masks(bitmask, start, request.draft_token_ids)
+        except Exception as error:
+            if failed is None or is_resource_error(error):
+                raise
+            failed[request.request_id] = f"the request's grammar failed: {error}"
+            bitmask[start:start + len(request.draft_token_ids) + 1] = -1
     return bitmask
 
 

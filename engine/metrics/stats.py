@@ -34,7 +34,7 @@ class StepStats:
 
 @dataclass
 class RequestStats:
-    finish_reason: str  # "stop" | "length" | "abort"
+    finish_reason: str  # "stop" | "length" | "abort" | "error"
     num_prompt_tokens: int
     num_generation_tokens: int
     queue_seconds: float | None  # arrival -> first scheduled

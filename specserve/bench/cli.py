@@ -78,6 +78,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disconnect-within", type=_positive(float), default=5.0,
                    help="a hanging-up client leaves within this many seconds of sending "
                         "(default: %(default)s)")
+    p.add_argument("--hostile-rate", type=_at_least(float, 0), default=0.0,
+                   help="hostile structured-output bodies a second sent beside each run (huge "
+                        "or unrunnable schemas, regexes, choices), each expected to be a quick "
+                        "400; reported under `hostile` (default: none)")
     p.add_argument("--timeout", type=_positive(float), default=600.0,
                    help="seconds one request may take (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (for CI logs)")

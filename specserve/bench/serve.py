@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from specserve.bench.hostile import send_hostile
 from specserve.bench.load import CANCELLED, Disconnects, RequestOptions, Target, run_load, send
 from specserve.bench.report import finish, load_report
 from specserve.bench.server_metrics import scrape_spec_counters, speculation_summary
@@ -80,6 +81,7 @@ class Soak:
 
     duration_s: float | None = None
     disconnects: Disconnects = Disconnects()
+    hostile_rate: float = 0.0  # hostile bodies a second beside the run (specserve/bench/hostile.py)
 
 
 async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
@@ -111,6 +113,9 @@ async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
                     states: list[dict] = []
                     sampler = asyncio.create_task(sample_states(
                         client, target.base_url, STATE_EVERY_S, states))
+                    hostile: dict = {}
+                    attacker = asyncio.create_task(send_hostile(
+                        client, target, soak.hostile_rate, hostile)) if soak.hostile_rate else None
                     try:
                         records, duration = await run_load(
                             client, target, itertools.cycle(items) if soak.duration_s else items,
@@ -119,6 +124,9 @@ async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
                             disconnects=soak.disconnects)
                     finally:
                         sampler.cancel()
+                        if attacker is not None:
+                            attacker.cancel()
+                            await asyncio.gather(attacker, return_exceptions=True)
                     after = await scrape_spec_counters(client, target.base_url)
                     # A client's planned hang-up is neither a completion nor a server failure.
                     served = [record for record in records if record.error != CANCELLED]
@@ -127,6 +135,8 @@ async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
                               **summarize(served, duration),
                               "client_disconnects": len(records) - len(served),
                               "speculative": speculation_summary(before, after)}
+                    if attacker is not None:
+                        result["hostile"] = hostile
                     if soak.duration_s:
                         result["server_state"] = {
                             "before": state_before, "during": states,
@@ -145,7 +155,8 @@ def run(args) -> dict:
     workloads = workload_sets(args.workload, args.dataset, args.num_prompts, args.seed)
     options = RequestOptions(args.endpoint, args.max_tokens, args.temperature, args.seed,
                              args.ignore_eos)
-    soak = Soak(args.duration, Disconnects(args.disconnect_fraction, args.disconnect_within))
+    soak = Soak(args.duration, Disconnects(args.disconnect_fraction, args.disconnect_within),
+                args.hostile_rate)
     runs = asyncio.run(benchmark(targets, workloads, levels, options, args.seed, args.timeout,
                                  progress=not args.no_progress, soak=soak))
     report = {
@@ -158,7 +169,8 @@ def run(args) -> dict:
                    "concurrency": args.concurrency,
                    "request_rate": [_rate(rate) for rate in args.request_rate],
                    "duration_s": args.duration, "disconnect_fraction": args.disconnect_fraction,
-                   "disconnect_within_s": args.disconnect_within},
+                   "disconnect_within_s": args.disconnect_within,
+                   "hostile_rate": args.hostile_rate},
         "runs": runs,
     }
     print_table(report)

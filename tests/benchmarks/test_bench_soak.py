@@ -1,7 +1,8 @@
 """`specserve bench serve --duration ... --disconnect-fraction ...` (the soak run) against a real
 server on a tiny model: arrivals stop at the duration, planned hang-ups are counted apart from
 failures, the server's RSS / KV usage are sampled and, once it is idle, no request or KV block is
-left behind by the clients that left."""
+left behind by the clients that left; hostile structured-output bodies mixed in
+(`--hostile-rate`) are each refused with a 400 while the run goes on."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def test_timed_run_with_clients_that_hang_up(tiny_chat_model_folder, tmp_path):
             [sys.executable, "-m", "specserve", "bench", "serve", "--base-url", server.base_url,
              "--workload", "chat", "--max-tokens", "100", "--ignore-eos", "--concurrency", "64",
              "--request-rate", "8", "--duration", "4", "--disconnect-fraction", "0.5",
-             "--disconnect-within", "0.2", "--no-progress", "--output", str(output)],
+             "--disconnect-within", "0.2", "--hostile-rate", "2", "--no-progress",
+             "--output", str(output)],
             capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
         idle = server.wait_until_idle(timeout=30)
@@ -34,6 +36,10 @@ def test_timed_run_with_clients_that_hang_up(tiny_chat_model_folder, tmp_path):
     assert r["completed"] == r["num_requests"] >= 1
     assert r["client_disconnects"] >= 1  # 100 tokens take longer than the shortest delays
     assert r["total_output_tokens"] == 100 * r["completed"]
+    # Hostile bodies beside it, two a second: each a quick 400, and the run undisturbed above.
+    hostile = r["hostile"]
+    assert hostile["sent"] >= 4 and hostile["statuses"] == {"400": hostile["sent"]}, hostile
+    assert hostile["max_seconds"] < 5, hostile
     state = r["server_state"]
     assert state["before"]["rss_bytes"] > 0 and state["after_idle"]["idle"] is True
     assert state["after_idle"]["kv_cache_usage_perc"] == 0

@@ -56,3 +56,26 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
 def sse_events(lines) -> list[str]:
     """The `data:` payloads of an SSE stream, in order ("[DONE]" included)."""
     return [line[len("data: "):] for line in lines if line.startswith("data: ")]
+
+
+# A small KV cache (64 blocks of 16 tokens) so that a few long prompts exhaust it.
+FAULT_SERVER_KV_BLOCKS = 64
+
+
+@pytest.fixture(scope="session")
+def fault_server(long_context_tiny_model, tmp_path_factory):
+    """A tiny model with the per-request faults armed (engine/faults.py: they fire only on
+    requests whose prompt holds their marker), 8 batch slots and a KV cache that a few long
+    prompts exhaust: the fault matrix and the hostile grammars share it."""
+    from engine.faults import FAULT_ENV
+
+    log_path = tmp_path_factory.mktemp("fault-server") / "server.log"
+    args = ["--model", str(long_context_tiny_model), "--served-model-name", "tiny",
+            "--speculative-method", "ngram", "--max-num-seqs", "8",
+            "--num-kv-blocks", str(FAULT_SERVER_KV_BLOCKS), "--block-size", "16",
+            "--log-level", "info"]
+    with open(log_path, "w") as log, running_server(
+            args, "tiny", env={FAULT_ENV: "nan_logits,row_error,grammar_error,detokenize_error"},
+            log_file=log) as running:
+        running.log_path = log_path
+        yield running
