@@ -45,20 +45,23 @@ def event(chunk: BaseModel, with_usage: bool = True) -> str:
     return f"data: {payload}\n\n"
 
 
-def error_event(error: Exception) -> str:
+def stream_error(error: Exception) -> APIError:
+    """What a stream that fails after it started tells its client (chat, completions and the
+    Responses API alike)."""
     if isinstance(error, APIError):
-        api_error = error
-    elif isinstance(error, ValueError):
-        api_error = from_value_error(error)
-    elif isinstance(error, RequestFailedError):  # logged by the engine
-        api_error = APIError(500, f"the request failed: {error}", SERVER_ERROR,
-                             code="request_failed")
-    elif isinstance(error, EngineDeadError):
-        api_error = APIError(503, str(error), SERVER_ERROR, code="engine_dead")
-    else:
-        logger.exception("stream failed", exc_info=error)
-        api_error = APIError(500, str(error), SERVER_ERROR)
-    return f"data: {json.dumps(api_error.body())}\n\n"
+        return error
+    if isinstance(error, ValueError):
+        return from_value_error(error)
+    if isinstance(error, RequestFailedError):  # logged by the engine
+        return APIError(500, f"the request failed: {error}", SERVER_ERROR, code="request_failed")
+    if isinstance(error, EngineDeadError):
+        return APIError(503, str(error), SERVER_ERROR, code="engine_dead")
+    logger.exception("stream failed", exc_info=error)
+    return APIError(500, str(error), SERVER_ERROR)
+
+
+def error_event(error: Exception) -> str:
+    return f"data: {json.dumps(stream_error(error).body())}\n\n"
 
 
 class EventStreamResponse(StreamingResponse):

@@ -12,13 +12,11 @@ stream started is an `error` event. Tool calls are found in the text exactly as 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from pydantic import BaseModel
 
-from engine.async_engine import EngineDeadError
-from server.errors import SERVER_ERROR, APIError, from_value_error
+from server.errors import SERVER_ERROR, APIError
 from server.generation import FanOut
 from server.responses.conversion import new_id
 from server.responses.output import ResponseBuilder, status_of
@@ -28,9 +26,8 @@ from server.responses.protocol import (
     OutputText,
     ResponseObject,
 )
+from server.streaming import stream_error
 from server.tools import ToolCallStream
-
-logger = logging.getLogger(__name__)
 
 
 class _Events:
@@ -146,14 +143,7 @@ async def stream_events(builder: ResponseBuilder, fanout: FanOut,
         await save(response)
         yield emit(f"response.{status}", response=response)
     except Exception as error:
-        if isinstance(error, APIError):
-            api_error = error
-        elif isinstance(error, ValueError):
-            api_error = from_value_error(error)
-        else:
-            if not isinstance(error, EngineDeadError):
-                logger.exception("response stream failed", exc_info=error)
-            api_error = APIError(500, str(error), SERVER_ERROR)
+        api_error = stream_error(error)
         yield emit("error", code=api_error.code or api_error.type, message=api_error.message,
                    param=api_error.param)
     finally:

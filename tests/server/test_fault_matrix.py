@@ -141,3 +141,30 @@ def test_kv_exhaustion_preempts_and_loses_nothing(fault_server):
     assert_error(never, 400)
     assert "KV cache" in never.json()["error"]["message"] or \
         "context length" in never.json()["error"]["message"]
+
+
+def test_a_failed_request_ends_a_responses_stream_with_an_error_event(fault_server):
+    """The Responses API meets a failed request as chat does: a 500 `request_failed` whole, and
+    streamed an `error` event and no `response.completed`. The control: the same input without
+    the marker finishes."""
+    def respond(text: str, stream: bool):
+        body = {"model": "tiny", "input": text, "max_output_tokens": 20, "temperature": 0,
+                "store": False, "stream": stream}
+        url = f"{fault_server.base_url}/v1/responses"
+        if not stream:
+            return httpx.post(url, json=body, timeout=120)
+        with httpx.stream("POST", url, json=body, timeout=120) as response:
+            return response.status_code, [json.loads(e) for e in
+                                          sse_events(response.iter_lines())]
+
+    assert_error(respond(f"{marker('row_error')} Hello", stream=False), 500,
+                 code="request_failed")
+    status, events = respond(f"{marker('row_error')} Hello", stream=True)
+    types = [e["type"] for e in events]
+    assert status == 200 and types[-1] == "error"
+    assert not {"response.completed", "response.incomplete"} & set(types)
+    assert events[-1]["code"] == "request_failed"
+    status, events = respond("Hello", stream=True)
+    # (a random tiny model runs to max_output_tokens: "incomplete", a finished response)
+    assert status == 200 and events[-1]["type"] == "response.incomplete"
+    fault_server.wait_until_idle(timeout=30)
