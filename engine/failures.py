@@ -15,48 +15,51 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.core.device import is_resource_error
-from engine.sample.verifier import verify_requests
+from engine.sample.verifier import RowFlags, verify_requests
 
 
 def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
-def nan_requests(requests: Sequence, row_starts: Sequence[int],
-                 logits: torch.Tensor) -> dict[str, str]:
-    """{request id: message} for requests with a NaN in any of their logits rows; those rows are
-    zeroed so that the batch's sampling sees finite numbers."""
-    bad_rows = torch.isnan(logits).any(dim=-1).nonzero().flatten().tolist()  # one host read
-    if not bad_rows:
-        return {}
-    failed = {}
-    bad = set(bad_rows)
-    for request, start in zip(requests, row_starts):
-        rows = range(start, start + len(request.draft_token_ids) + 1)
-        if any(row in bad for row in rows):
-            failed[request.request_id] = "the model's logits for this request are NaN"
+def zero_nan_rows(logits: torch.Tensor) -> RowFlags:
+    """Zeroes the logits rows holding a NaN, on the device, so that the batch's sampling sees
+    finite numbers, and flags them (1) for the step's one read (verifier.RowFlags)."""
+    nan_rows = torch.isnan(logits).any(dim=-1)  # [num_rows]
     with torch.inference_mode():
-        logits[bad_rows] = 0.0
-    return failed
+        logits.masked_fill_(nan_rows[:, None], 0.0)
+    return RowFlags(nan_rows.long())
+
+
+def nan_requests(requests: Sequence, row_starts: Sequence[int],
+                 row_is_nan: Sequence[int]) -> dict[str, str]:
+    """{request id: message} for requests with a NaN in any of their logits rows."""
+    return {request.request_id: "the model's logits for this request are NaN"
+            for request, start in zip(requests, row_starts)
+            if any(row_is_nan[start:start + len(request.draft_token_ids) + 1])}
 
 
 def verify_step(requests: Sequence, row_starts: Sequence[int], logits: torch.Tensor,
                 draft_probs: dict, generator: torch.Generator, bitmask: torch.Tensor | None,
                 faults, failed: dict[str, str]) -> list[list[int]]:
     """The step's emitted tokens per request (engine.sample.verifier), requests with NaN rows or
-    whose verification fails alone recorded in `failed` and emitting nothing."""
+    whose verification fails alone recorded in `failed` and emitting nothing. The NaN check is
+    read with the step's tokens: no second wait for the device."""
     faults.corrupt_logits(requests, row_starts, logits)
-    failed.update(nan_requests(requests, row_starts, logits))
+    nan_flags = zero_nan_rows(logits)
 
     def verify(some, starts):
         faults.raise_if("row_error", some)
         if len(some) == len(requests):
-            return verify_requests(some, starts, logits, draft_probs, generator, bitmask)
+            return verify_requests(some, starts, logits, draft_probs, generator, bitmask,
+                                   nan_flags)
         rows = slice(starts[0], starts[0] + len(some[0].draft_token_ids) + 1)  # one alone
         return verify_requests(some, [0], logits[rows], draft_probs, generator,
                                None if bitmask is None else bitmask[rows])
 
     emitted = verify_isolated(verify, requests, row_starts, failed)
+    for request_id, message in nan_requests(requests, row_starts, nan_flags.read()).items():
+        failed.setdefault(request_id, message)
     return [[] if r.request_id in failed else tokens for r, tokens in zip(requests, emitted)]
 
 

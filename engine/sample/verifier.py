@@ -39,13 +39,30 @@ class VerifySeq:
     greedy: bool = False  # the request decodes greedily: drafts must equal the argmax
 
 
+@dataclass
+class RowFlags:
+    """Integers per logits row computed on the device (engine/failures.py: which rows were NaN),
+    read in the step's one copy with its tokens, so that checking them costs no second wait for
+    the device."""
+
+    device: torch.Tensor  # [num_rows] int64
+    host: list[int] | None = None  # filled in by the read
+
+    def read(self) -> list[int]:
+        if self.host is None:  # no verification read them (an empty batch, a failed one)
+            self.host = read_tokens(self.device)
+        return self.host
+
+
 def verify(logits: torch.Tensor,  # [num_rows, vocab] raw
            batch: SamplingBatch,  # settings per row
-           seqs: list[VerifySeq]) -> list[list[int]]:
+           seqs: list[VerifySeq],
+           flags: RowFlags | None = None) -> list[list[int]]:
     """Returns, per sequence, its accepted drafts followed by one recovered or bonus token.
 
     Everything is decided on the logits' device; the host reads the outcome once, in one copy
-    (every row's sampled token, then each sampled-draft sequence's accepted count and next token).
+    (every row's sampled token, then each sampled-draft sequence's accepted count and next token,
+    then `flags`, whose host values it fills in).
     """
     processed = process_logits(logits, batch)
     row_tokens = choose_tokens(processed, batch)  # what a step without drafts samples
@@ -54,8 +71,12 @@ def verify(logits: torch.Tensor,  # [num_rows, vocab] raw
         num_accepted, next_tokens = _verify_sampled_drafts(
             target_probs(processed, batch), batch, [seqs[i] for i in sampled])
         row_tokens = torch.cat([row_tokens, num_accepted, next_tokens])
+    if flags is not None:
+        row_tokens = torch.cat([row_tokens, flags.device])
     host = read_tokens(row_tokens)
     num_rows = logits.shape[0]
+    if flags is not None:
+        flags.host = host[len(host) - num_rows:]
     outcome = {i: (host[num_rows + n], host[num_rows + len(sampled) + n])
                for n, i in enumerate(sampled)}
     emitted: list[list[int]] = []
@@ -80,17 +101,19 @@ def read_tokens(tokens: torch.Tensor) -> list[int]:
 def verify_requests(requests, row_starts: list[int], logits: torch.Tensor,
                     draft_probs: dict[str, torch.Tensor],
                     shared_generator: torch.Generator,
-                    bitmask: torch.Tensor | None = None) -> list[list[int]]:
+                    bitmask: torch.Tensor | None = None,
+                    flags: RowFlags | None = None) -> list[list[int]]:
     """Per sampling request of a step: its accepted drafts and one new token (just the new
     token without speculation). Row j of a request scores the position after drafts[:j], so
     its penalties see those drafts, its grammar mask is the one after those drafts, and its seeded
     generator is keyed by that position. `bitmask`: the step's grammar masks where the caller
-    built them already (masks.py `build_bitmask`, the same rows)."""
+    built them already (masks.py `build_bitmask`, the same rows). `flags`: read with the tokens
+    (`RowFlags`)."""
     if not requests:
         return []
     batch, seqs = verify_batch(requests, row_starts, logits, draft_probs, shared_generator,
                                bitmask)
-    return verify(logits, batch, seqs)
+    return verify(logits, batch, seqs, flags)
 
 
 def sample_on_device(requests, row_starts: list[int], logits: torch.Tensor,

@@ -28,6 +28,11 @@ class InputText(_Strict):
     logprobs: list | None = None
 
 
+def joined_text(value: str | list[InputText]) -> str:
+    """A string, or the text of its parts one after another."""
+    return value if isinstance(value, str) else "".join(part.text for part in value)
+
+
 class MessageItem(_Strict):
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
@@ -37,9 +42,7 @@ class MessageItem(_Strict):
     phase: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        return joined_text(self.content)
 
 
 class FunctionCallItem(_Strict):
@@ -59,9 +62,7 @@ class FunctionCallOutputItem(_Strict):
     status: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(part.text for part in self.output)
+        return joined_text(self.output)
 
 
 InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem,

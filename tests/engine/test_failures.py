@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.core.request import Request
-from engine.failures import nan_requests, verify_isolated
+from engine.failures import nan_requests, verify_isolated, zero_nan_rows
 from engine.grammar import Constraint, GrammarCompiler, GrammarError
 from engine.grammar.masks import allocate_bitmask, build_bitmask
 from engine.sampling_params import SamplingParams
@@ -50,9 +50,11 @@ def test_nan_rows_fail_their_request_and_are_zeroed():
     requests = _requests(3)
     logits = torch.randn(3, 8)
     logits[1, 4] = float("nan")
-    failed = nan_requests(requests, [0, 1, 2], logits)
-    assert set(failed) == {"r1"} and not torch.isnan(logits).any()
-    assert nan_requests(requests, [0, 1, 2], torch.randn(3, 8)) == {}  # negative control
+    flags = zero_nan_rows(logits)
+    assert not torch.isnan(logits).any() and logits[1].eq(0).all() and logits[0].ne(0).all()
+    assert set(nan_requests(requests, [0, 1, 2], flags.read())) == {"r1"}
+    clean = zero_nan_rows(torch.randn(3, 8))  # negative control
+    assert nan_requests(requests, [0, 1, 2], clean.read()) == {}
 
 
 @pytest.fixture(scope="module")

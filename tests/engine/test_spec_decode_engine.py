@@ -193,11 +193,13 @@ def _sample_first_three(llm: LLM, params: SamplingParams) -> list[tuple]:
     return [tuple(o.token_ids[:3]) for o in outputs]
 
 
-def _broken_verify(logits, batch, seqs):
+def _broken_verify(logits, batch, seqs, flags=None):
     """A deliberately wrong verifier: every draft is accepted."""
     from engine.sample import verifier
 
     row_tokens = verifier.choose_tokens(verifier.process_logits(logits, batch), batch).tolist()
+    if flags is not None:
+        flags.host = [0] * logits.shape[0]  # no row was NaN: only the acceptance is broken
     return [s.draft_token_ids + [row_tokens[s.row_start + len(s.draft_token_ids)]] for s in seqs]
 
 

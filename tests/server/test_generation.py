@@ -12,7 +12,8 @@ from server.protocol import ChatCompletionRequest, CompletionRequest
 
 
 def _context(max_model_len=100, vocab_size=1000):
-    engine = SimpleNamespace(vocab_size=vocab_size, validate=lambda ids, params: (ids, params))
+    engine = SimpleNamespace(vocab_size=vocab_size,
+                             validate=lambda ids, params, cache_salt="": (ids, params))
     return SimpleNamespace(max_model_len=max_model_len, max_sequence_tokens=max_model_len,
                            engine=engine)
 
