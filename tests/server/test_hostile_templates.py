@@ -86,10 +86,12 @@ def test_ready_fails_while_every_renderer_is_stuck(server):
     spinners = [threading.Thread(target=_chat, args=(server, "spin")) for _ in range(3)]
     for spinner in spinners:  # two renderers (the default) both spin, the third request waits
         spinner.start()
-    busy = wait_until(lambda: httpx.get(f"{server.base_url}/ready").status_code == 503,
-                      TIMEOUT_S, "/ready to fail")
-    assert busy
-    assert httpx.get(f"{server.base_url}/ready").json()["status"] == "chat_template_busy"
+    def refused():  # the 503 itself is read: the renderers are killed TIMEOUT_S after they start
+        response = httpx.get(f"{server.base_url}/ready")
+        return response if response.status_code == 503 else None
+
+    busy = wait_until(refused, 2 * TIMEOUT_S, "/ready to fail")
+    assert busy.json()["status"] == "chat_template_busy"
     assert httpx.get(f"{server.base_url}/health").status_code == 200  # alive all along
     for spinner in spinners:
         spinner.join()
