@@ -30,6 +30,7 @@ from server.context import (
 from server.errors import APIError, install_error_handlers
 from server.lifecycle import Lifecycle
 from server.limits import BodySizeLimitMiddleware
+from server.loop_lag import LoopLagMonitor
 from server.protocol import ModelCard, ModelList
 from server.responses import routes as responses_routes
 from server.responses.store import ResponseStore, default_path
@@ -48,6 +49,7 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
     server_metrics = metrics.ServerMetrics(settings.metrics_prefix)
     lifecycle = Lifecycle(settings)
     lifecycle.render_metrics = server_metrics.render
+    loop_lag = LoopLagMonitor(server_metrics.registry, settings.metrics_prefix)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -71,7 +73,9 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
         context.server_metrics = server_metrics
         engine.add_stat_listener(PeriodicStatLogger())
         app.state.context = context
+        loop_lag.start()
         yield
+        await loop_lag.stop()
         if context.templates is not None:
             await context.templates.close()
         context.response_store.close()

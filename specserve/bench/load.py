@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 import httpx
 
+from specserve.bench.mixed import answer_violation
 from specserve.bench.serving_metrics import RequestRecord
 from specserve.bench.workloads import Workload
 
 ENDPOINTS = ("auto", "completions", "chat")
 CANCELLED = "cancelled by the client (a planned disconnect)"
+ANSWER_VIOLATION = "answer_violation"
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,13 @@ class RequestOptions:
 
 
 def request_body(target: Target, workload: Workload, options: RequestOptions) -> tuple[str, dict]:
-    """(path, JSON body) of one streamed request."""
+    """(path, JSON body) of one request, streamed unless the workload says otherwise."""
     chat = workload.chat if options.endpoint == "auto" else options.endpoint == "chat"
     body: dict = {"model": target.model, "max_tokens": options.max_tokens,
-                  "temperature": options.temperature, "stream": True,
-                  "stream_options": {"include_usage": True}}
+                  "temperature": options.temperature, "stream": workload.stream,
+                  **(workload.extra or {})}
+    if workload.stream:
+        body["stream_options"] = {"include_usage": True}
     if options.seed is not None:
         body["seed"] = options.seed
     if options.ignore_eos:
@@ -69,20 +73,42 @@ def request_body(target: Target, workload: Workload, options: RequestOptions) ->
     return "/v1/completions", body
 
 
-def chunk_text(event: dict) -> str:
-    """The output text a streamed completion or chat chunk carries ('' for none)."""
-    text = ""
-    for choice in event.get("choices") or []:
-        text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-    return text
+class _Answer:
+    """What a response said, gathered chunk by chunk (or at once): text, tool calls (name and
+    arguments by index) and finish reason, for `answer_violation`."""
+
+    def __init__(self):
+        self.text = ""
+        self.calls: dict[int, list[str]] = {}
+        self.finish_reason: str | None = None
+
+    def add(self, choice: dict) -> bool:
+        """Takes one choice (a chunk's or a whole response's); True when it carried output."""
+        part = choice.get("delta") or choice.get("message") or {}
+        text = choice.get("text") or part.get("content") or ""
+        self.text += text
+        for index, call in enumerate(part.get("tool_calls") or []):
+            name_and_arguments = self.calls.setdefault(call.get("index", index), ["", ""])
+            function = call.get("function") or {}
+            name_and_arguments[0] += function.get("name") or ""
+            name_and_arguments[1] += function.get("arguments") or ""
+        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        return bool(text or part.get("tool_calls"))
+
+    def violation(self, workload: Workload) -> str | None:
+        if not workload.extra:
+            return None
+        calls = [tuple(self.calls[index]) for index in sorted(self.calls)]
+        return answer_violation(workload.extra, self.text, calls, self.finish_reason)
 
 
 async def send(client: httpx.AsyncClient, target: Target, workload: Workload,
                options: RequestOptions) -> RequestRecord:
-    """One streamed request, timed; errors end up in the record, not raised."""
+    """One request, timed; errors, answers
+    that break what was asked included, end up in the record, not raised."""
     path, body = request_body(target, workload, options)
     record = RequestRecord(prompt_id=workload.id, kind=workload.kind, start=time.perf_counter())
-    usage = None
+    answer = _Answer()
     try:
         async with client.stream("POST", target.base_url + path, json=body,
                                  headers=target.headers) as response:
@@ -90,27 +116,50 @@ async def send(client: httpx.AsyncClient, target: Target, workload: Workload,
                 await response.aread()
                 record.error = f"HTTP {response.status_code}: {_error_message(response)}"
                 return record
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
-                    break
-                event = json.loads(data)
-                if event.get("error"):
-                    record.error = f"stream error: {event['error'].get('message', event['error'])}"
-                    return record
-                if chunk_text(event):
-                    record.chunk_times.append(time.perf_counter())
-                usage = event.get("usage") or usage
+            reader = _read_stream if workload.stream else _read_whole
+            usage = await reader(response, answer, record)
+            if record.error:
+                return record
     except (httpx.HTTPError, json.JSONDecodeError) as error:
         record.error = f"{type(error).__name__}: {error}"
         return record
     finally:
         record.end = time.perf_counter()
+    violation = answer.violation(workload)
+    if violation:
+        record.error = f"{ANSWER_VIOLATION}: {violation}"
     record.output_tokens = (usage or {}).get("completion_tokens") or len(record.chunk_times)
     record.prompt_tokens = (usage or {}).get("prompt_tokens")
     return record
+
+
+async def _read_whole(response: httpx.Response, answer: _Answer, record: RequestRecord):
+    """A whole (unstreamed) response: no chunk times (it has no TTFT, TPOT or ITL; its latency
+    counts). Returns its usage."""
+    whole = json.loads(await response.aread())
+    for choice in whole.get("choices") or []:
+        answer.add(choice)
+    return whole.get("usage")
+
+
+async def _read_stream(response: httpx.Response, answer: _Answer, record: RequestRecord):
+    """Server-sent events up to [DONE], timing each chunk that carries output; an error event
+    goes into the record. Returns the last usage seen."""
+    usage = None
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:"):].strip()
+        if data == "[DONE]":
+            break
+        event = json.loads(data)
+        if event.get("error"):
+            record.error = f"stream error: {event['error'].get('message', event['error'])}"
+            return None
+        if any([answer.add(choice) for choice in event.get("choices") or []]):
+            record.chunk_times.append(time.perf_counter())
+        usage = event.get("usage") or usage
+    return usage
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _pyplot():
+def load_pyplot():
     try:
         import matplotlib
     except ImportError:
@@ -44,7 +44,7 @@ def serve_lines(reports: list[dict]) -> dict[str, list[dict]]:
 
 
 def plot_serve(reports: list[dict], path: str | Path) -> None:
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     lines = serve_lines(reports)
     kinds = list(dict.fromkeys(r["kind"] for results in lines.values() for r in results))
     axis = load_axis([r for results in lines.values() for r in results])
@@ -78,7 +78,7 @@ def plot_serve(reports: list[dict], path: str | Path) -> None:
 
 
 def plot_offline(report: dict, path: str | Path) -> None:
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     systems = list(report["results"])
     kinds = list(dict.fromkeys(kind for by_kind in report["results"].values() for kind in by_kind))
     figure, ax = pyplot.subplots(figsize=(2 + 1.1 * len(kinds) * len(systems) / 2, 4.5))
@@ -109,7 +109,7 @@ def _y(value) -> float:
 def draw_step_profiles(reports: dict[str, dict], path: str | Path) -> None:
     """profile_step reports side by side: per label and method, a bar of the step's ms split into
     device-busy time and the host phases the device did not hide (a stacked bar each)."""
-    pyplot = _pyplot()
+    pyplot = load_pyplot()
     bars = [(f"{label}\n{method}", result) for label, report in reports.items()
             for method, result in report["results"].items() if "ms_per_step" in result]
     figure, axis = pyplot.subplots(figsize=(1.6 + 1.3 * len(bars), 4.2))

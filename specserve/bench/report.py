@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from specserve.bench import plots
+from specserve.bench.soak_plot import is_soak, plot_soak
 
 
 def load_report(path: str | Path) -> dict:
@@ -23,9 +24,12 @@ def load_report(path: str | Path) -> dict:
 
 
 def draw(reports: list[dict], path: str | Path) -> None:
-    """One figure: every serve report's runs as lines, or one offline report's bars."""
+    """One figure: a soak run over time, every serve report's runs as lines, or one offline
+    report's bars."""
     kinds = {report["benchmark"] for report in reports}
-    if kinds == {"serve"}:
+    if len(reports) == 1 and is_soak(reports[0]):
+        plot_soak(reports[0], path)
+    elif kinds == {"serve"}:
         plots.plot_serve(reports, path)
     elif kinds == {"offline"} and len(reports) == 1:
         plots.plot_offline(reports[0], path)

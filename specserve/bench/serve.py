@@ -24,7 +24,7 @@ from specserve.bench.load import CANCELLED, Disconnects, RequestOptions, Target,
 from specserve.bench.report import finish, load_report
 from specserve.bench.server_metrics import scrape_spec_counters, speculation_summary
 from specserve.bench.server_state import sample_states, scrape_state, state_when_idle
-from specserve.bench.serving_metrics import summarize
+from specserve.bench.serving_metrics import summarize, timeline
 from specserve.bench.workloads import Workload, load_dataset, load_workloads
 
 ALL_PROMPTS = 10_000  # more than any bundled set holds
@@ -83,6 +83,11 @@ class Soak:
     disconnects: Disconnects = Disconnects()
     hostile_rate: float = 0.0  # hostile bodies a second beside the run (specserve/bench/hostile.py)
 
+    @property
+    def window_s(self) -> float:
+        """The timeline's window: about 60 of them over the run, none under a second."""
+        return max(1.0, (self.duration_s or 0.0) / 60)
+
 
 async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
                     levels: list[LoadLevel], options: RequestOptions, seed: int,
@@ -138,6 +143,7 @@ async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
                     if attacker is not None:
                         result["hostile"] = hostile
                     if soak.duration_s:
+                        result["timeline"] = timeline(records, soak.window_s, CANCELLED)
                         result["server_state"] = {
                             "before": state_before, "during": states,
                             "after_idle": await state_when_idle(client, target.base_url)}

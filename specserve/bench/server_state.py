@@ -24,15 +24,31 @@ GAUGES = {
 }
 
 
+LOOP_LAG = "event_loop_lag_seconds_bucket"  # specserve's (server/loop_lag.py)
+LOOP_LAG_BOUND_S = 0.05  # issue 48: no request holds the event loop longer
+
+
 def server_state(exposition: str) -> dict[str, float]:
-    """The GAUGES found in a text exposition, summed over label sets."""
+    """The GAUGES found in a text exposition, summed over label sets, and where the server
+    exports its event-loop lag, how many of its wake-ups so far came more than
+    LOOP_LAG_BOUND_S late (`loop_lags_over_50ms`) and the smallest bucket bound that holds them
+    all (`loop_lag_max_le_s`: the longest lag was at most that)."""
     by_name = {name: key for key, name in GAUGES.items()}
     state: dict[str, float] = {}
+    lag_buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(exposition):
         for sample in family.samples:
-            key = by_name.get(sample.name.rsplit(":", 1)[-1])
+            name = sample.name.rsplit(":", 1)[-1]
+            key = by_name.get(name)
             if key is not None:
                 state[key] = state.get(key, 0.0) + sample.value
+            elif name == LOOP_LAG:
+                lag_buckets[float(sample.labels["le"])] = sample.value
+    if lag_buckets:
+        total = lag_buckets[float("inf")]
+        state["loop_lags_over_50ms"] = total - lag_buckets.get(LOOP_LAG_BOUND_S, 0.0)
+        bound = min(bound for bound, count in lag_buckets.items() if count == total)
+        state["loop_lag_max_le_s"] = bound if bound < float("inf") else "inf"  # JSON has no inf
     return state
 
 

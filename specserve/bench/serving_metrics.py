@@ -103,3 +103,25 @@ def summarize(records: list[RequestRecord], duration: float) -> dict:
         "itl_ms": distribution_ms([gap for r in done for gap in r.itls]),
         "e2el_ms": distribution_ms([r.latency for r in done]),
     }
+
+
+def timeline(records: list[RequestRecord], window_s: float, cancelled: str) -> list[dict]:
+    """The run in windows of `window_s` seconds by finishing time (from the first request sent):
+    each window's completed, failed and client-cancelled requests (`cancelled` is the error of a
+    planned hang-up) and the latency p50 / p99 of those completed, for soak plots."""
+    if not records:
+        return []
+    origin = min(record.start for record in records)
+    windows: dict[int, list[RequestRecord]] = {}
+    for record in records:
+        windows.setdefault(int((record.end - origin) // window_s), []).append(record)
+    rows = []
+    for index in range(max(windows) + 1):
+        batch = windows.get(index, [])
+        done = [record.latency for record in batch if record.ok]
+        latency = distribution_ms(done)
+        rows.append({"t_s": round((index + 1) * window_s, 3), "completed": len(done),
+                     "failed": sum(1 for r in batch if not r.ok and r.error != cancelled),
+                     "client_disconnects": sum(1 for r in batch if r.error == cancelled),
+                     "e2el_p50_ms": latency["p50"], "e2el_p99_ms": latency["p99"]})
+    return rows

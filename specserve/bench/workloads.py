@@ -4,6 +4,8 @@
   copy  editing / retrieval tasks whose answer repeats much of the prompt, chat: four written
         here, then edits (rename, annotate) of HumanEval reference solutions
   chat  MT-Bench first turns, chat                    data/mt_bench_subset.jsonl
+  mixed the soak's traffic: completions and chat, structured outputs and tools, streamed and
+        not, each answer checked against what it asked for (specserve/bench/mixed.py)
 
 plus the user's own prompts from a JSON-lines file (`load_dataset`). Offline, chat prompts go
 through the tokenizer's chat template (`encode`); over HTTP the server applies its own.
@@ -11,12 +13,15 @@ through the tokenizer's chat template (`encode`); over HTTP the server applies i
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specserve.bench.mixed import FLAVOURS
+
 DATA = Path(__file__).resolve().parent / "data"
-KINDS = ("code", "copy", "chat")
+KINDS = ("code", "copy", "chat", "mixed")
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,8 @@ class Workload:
     kind: str  # one of KINDS
     text: str
     chat: bool  # True: `text` is one user message; False: a raw completion prompt
+    extra: dict | None = None  # more request fields: response_format, tools (the mixed kind)
+    stream: bool = True
 
 
 _PARAGRAPH = (
@@ -112,9 +119,23 @@ def load_workloads(kind: str, num_prompts: int) -> list[Workload]:
         records = _read_jsonl(DATA / "mt_bench_subset.jsonl")
         items = [Workload(f"chat/mtbench-{r['question_id']}", "chat", r["turns"][0], True)
                  for r in records]
+    elif kind == "mixed":
+        items = _mixed(load_workloads("code", num_prompts), load_workloads("chat", num_prompts))
     else:
         raise ValueError(f"unknown workload kind {kind!r}; choose from {', '.join(KINDS)}")
     return items[:num_prompts]
+
+
+def _mixed(code: list[Workload], chat: list[Workload]) -> list[Workload]:
+    """Each prompt pair (a code prompt, a chat prompt) through each of mixed.FLAVOURS in turn
+    (eight request shapes)."""
+    items = []
+    for pair, flavour in itertools.product(zip(code, chat), FLAVOURS):
+        base = pair[0] if flavour.raw else pair[1]
+        text = base.text if flavour.raw else flavour.instruction + base.text
+        items.append(Workload(f"mixed/{flavour.name}/{base.id}", "mixed", text,
+                              chat=not flavour.raw, extra=flavour.extra, stream=flavour.stream))
+    return items
 
 
 def load_dataset(path: str | Path, num_prompts: int | None = None) -> list[Workload]:

@@ -44,3 +44,33 @@ def test_timed_run_with_clients_that_hang_up(tiny_chat_model_folder, tmp_path):
     assert state["before"]["rss_bytes"] > 0 and state["after_idle"]["idle"] is True
     assert state["after_idle"]["kv_cache_usage_perc"] == 0
     assert idle["kv_cache_free_blocks"] == idle["kv_cache_num_blocks"]
+
+
+def test_mixed_traffic_is_checked_and_the_event_loop_lag_reported(tiny_chat_model_folder,
+                                                                   tmp_path):
+    """The soak's own traffic (`--workload mixed`: completions and chat, structured outputs and
+    tools, streamed and whole): every answer is checked against what it asked for, and the
+    server's event-loop lag is sampled with its memory."""
+    args = ["--model", str(tiny_chat_model_folder), "--served-model-name", "tiny",
+            "--speculative-method", "ngram"]
+    output = tmp_path / "mixed.json"
+    with running_server(args, "tiny") as server:
+        result = subprocess.run(
+            [sys.executable, "-m", "specserve", "bench", "serve", "--base-url", server.base_url,
+             "--workload", "mixed", "--max-tokens", "48", "--concurrency", "4",
+             "--duration", "6", "--disconnect-fraction", "0.2", "--no-progress",
+             "--output", str(output)],
+            capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        server.wait_until_idle(timeout=30)
+    (run,) = json.loads(output.read_text())["runs"]
+    (r,) = run["results"]
+    assert r["failed"] == 0, r["errors"]  # no answer broke its request, no 5xx
+    assert r["completed"] >= 8  # at least one of each of the eight shapes
+    state = r["server_state"]
+    assert state["before"]["loop_lags_over_50ms"] >= 0
+    assert 0 < state["after_idle"]["loop_lag_max_le_s"] <= 5
+    rows = r["timeline"]  # one-second windows over the run, as the figure draws them
+    assert sum(row["completed"] for row in rows) == r["completed"]
+    assert sum(row["client_disconnects"] for row in rows) == r["client_disconnects"]
+    assert output.with_suffix(".png").stat().st_size > 10_000
