@@ -14,13 +14,23 @@ import argparse
 import json
 from pathlib import Path
 
-from grafana_json import Panel, PromQL, Row, Target, dashboard, latency_panel, ratio
+from grafana_json import (
+    RATE_WINDOW,
+    Panel,
+    PromQL,
+    Row,
+    Target,
+    dashboard,
+    latency_panel,
+    ratio,
+)
 
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboards"
 
 
 def overview(prefix: str) -> dict:
     q = PromQL(prefix)
+    lag = f"{prefix}:event_loop_lag_seconds_bucket"
     output_tokens = q.rate("generation_tokens_total")
     rows = [
         Row("Load", (
@@ -80,6 +90,15 @@ def overview(prefix: str) -> dict:
                   "this counter has no model_name label).",
                   (Target(q.server_rate("http_requests_total", by="route, status"),
                           "{{route}} {{status}}"),), unit="reqps"),
+            Panel("Event-loop lag", "How late the server's event loop woke a task that sleeps "
+                  "20 ms: time in which no request, /health included, could be read or "
+                  "answered (all models: no model_name label).",
+                  (Target(f"histogram_quantile(0.99, sum by (le) (rate({lag}[{RATE_WINDOW}])))",
+                          "p99"),), unit="s"),
+            Panel("Event-loop stalls", "Wake-ups of the event loop later than 50 ms, per "
+                  "second; the target is none.",
+                  (Target(f'sum(rate({lag}{{le="+Inf"}}[{RATE_WINDOW}])) - '
+                          f'sum(rate({lag}{{le="0.05"}}[{RATE_WINDOW}]))', "stalls/s"),)),
         )),
         Row("Engine", (
             Panel("Running and waiting requests", "Requests in the running batch and waiting "

@@ -38,10 +38,13 @@ HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds",
               "request_queue_time_seconds", "request_prefill_time_seconds",
               "request_decode_time_seconds", "engine_step_time_seconds", "request_prompt_tokens",
               "request_generation_tokens", "iteration_tokens_total"]
+SERVER_HISTOGRAMS = ["event_loop_lag_seconds"]  # server/loop_lag.py's
 EXPOSED_NAMES = ({f"{name}_total" for name in COUNTERS} | set(GAUGES)
-                 | {f"{name}{suffix}" for name in HISTOGRAMS
+                 | {f"{name}{suffix}" for name in HISTOGRAMS + SERVER_HISTOGRAMS
                     for suffix in ("_bucket", "_sum", "_count")})
-SERVER_METRICS = {"http_requests_total"}  # the HTTP layer's: no model_name label
+# The server's own, not the engine's: no model_name label.
+SERVER_METRICS = {"http_requests_total"} | {f"{name}{suffix}" for name in SERVER_HISTOGRAMS
+                                            for suffix in ("_bucket", "_sum", "_count")}
 METRIC = re.compile(r"\b(specserve|vllm):([a-zA-Z_][a-zA-Z0-9_]*)")
 VECTOR_MATCHING = re.compile(
     r"\s*(?:(?:ignoring|on)\s*\([^)]*\)\s*)?(?:group_(?:left|right)\s*(?:\([^)]*\))?\s*)?")
