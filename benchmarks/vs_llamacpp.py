@@ -181,6 +181,8 @@ def server_warnings(logs: Path, labels: list[str], most: int = 20) -> dict[str, 
 
 
 def _llamacpp_info(python: str) -> dict:
+    if not python:  # vs_llamacpp.sh --no-llama-cpp-python: not measured
+        return {}
     code = ("import json, llama_cpp; print(json.dumps({'llama_cpp_python': llama_cpp.__version__,"
             " 'system_info': llama_cpp.llama_print_system_info().decode().strip()}))")
     try:
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     end = commands.add_parser("finish")
     end.add_argument("--serve", required=True, help="the bench serve report (rewritten)")
     end.add_argument("--offline", default=None, help="the bench offline report")
-    end.add_argument("--llamacpp-python", required=True, help="python of the llama.cpp venv")
+    end.add_argument("--llamacpp-python", required=True, help="python of the llama.cpp venv ('' when llama-cpp-python was not run)")
     end.add_argument("--llama-server", default=None, help="the llama-server binary measured")
     end.add_argument("--server", action="append", help="LABEL=command line, per server")
     end.add_argument("--model-file", default=None)

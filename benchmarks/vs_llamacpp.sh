@@ -39,7 +39,7 @@
 #
 #   benchmarks/vs_llamacpp.sh [--output OUTPUT.json] [--model FILE.gguf] [--num-prompts 8]
 #       [--concurrency 1,16] [--workload code,copy,chat] [--max-tokens 128] [--threads 2]
-#       [--no-float32] [--no-transformers] [--no-llama-server-ngram]
+#       [--no-float32] [--no-transformers] [--no-llama-server-ngram] [--no-llama-cpp-python]
 #       [--offline-num-prompts 2] [--offline-repeats 2]
 #       [-- more `bench serve` arguments]
 #
@@ -71,6 +71,7 @@ threads=2
 float32=1
 transformers=1
 server_ngram=1
+llama_cpp_python=1
 offline_prompts=2
 offline_repeats=2
 while (($#)); do
@@ -85,6 +86,7 @@ while (($#)); do
         --no-float32) float32=0; shift ;;
         --no-transformers) transformers=0; shift ;;
         --no-llama-server-ngram) server_ngram=0; shift ;;
+        --no-llama-cpp-python) llama_cpp_python=0; shift ;;
         --offline-num-prompts) offline_prompts=$2; shift 2 ;;
         --offline-repeats) offline_repeats=$2; shift 2 ;;
         --) shift; break ;;
@@ -105,7 +107,7 @@ if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
     amx_off="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 fi
 want_version=${llama_spec##*==}
-if ! "$llama_venv/bin/python" -c "import llama_cpp, llama_cpp.server, sys; \
+if ((llama_cpp_python)) && ! "$llama_venv/bin/python" -c "import llama_cpp, llama_cpp.server, sys; \
         sys.exit(llama_cpp.__version__ != '$want_version')" 2>/dev/null; then
     echo "building $llama_spec into $llama_venv (compiles llama.cpp: minutes; log: $build_log)" >&2
     test -x "$llama_venv/bin/python" || python3 -m venv "$llama_venv"
@@ -186,10 +188,12 @@ if ((server_ngram)); then
         --spec-type ngram-simple --spec-draft-n-max 16
 fi
 # HOST / PORT in the environment would override llama_cpp.server's own --host / --port.
-start_server llama-cpp-python "${ports[3]}" /v1/models \
-    env -u HOST -u PORT "$llama_venv/bin/python" -m llama_cpp.server --model "$model" \
-    --host 127.0.0.1 --port "${ports[3]}" --n_ctx 2048 --n_threads "$threads" \
-    --n_threads_batch "$threads" --interrupt_requests false --logits_all false
+if ((llama_cpp_python)); then
+    start_server llama-cpp-python "${ports[3]}" /v1/models \
+        env -u HOST -u PORT "$llama_venv/bin/python" -m llama_cpp.server --model "$model" \
+        --host 127.0.0.1 --port "${ports[3]}" --n_ctx 2048 --n_threads "$threads" \
+        --n_threads_batch "$threads" --interrupt_requests false --logits_all false
+fi
 echo "starting ${labels[*]} (logs: $logs)" >&2
 if ! "$bin/python" -m benchmarks.vs_llamacpp wait "${health[@]}"; then
     for label in "${labels[@]}"; do
@@ -232,6 +236,6 @@ for command in "${commands[@]}"; do
     server_args+=(--server "$command")
 done
 "$bin/python" -m benchmarks.vs_llamacpp finish --serve "$output" "${offline[@]}" \
-    --llamacpp-python "$llama_venv/bin/python" --llama-server "$llama_server" --model-file "$model" --threads "$threads" \
+    --llamacpp-python "$( ((llama_cpp_python)) && echo "$llama_venv/bin/python")" --llama-server "$llama_server" --model-file "$model" --threads "$threads" \
     --load-at-start "$load_1min" \
     "${server_args[@]}" --logs "$logs"
