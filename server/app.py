@@ -30,7 +30,7 @@ from server.context import (
 from server.errors import APIError, install_error_handlers
 from server.lifecycle import Lifecycle
 from server.limits import BodySizeLimitMiddleware
-from server.loop_lag import LoopLagMonitor
+from server.loop_lag import LoopLagMonitor, freeze_startup_objects
 from server.protocol import ModelCard, ModelList
 from server.responses import routes as responses_routes
 from server.responses.store import ResponseStore, default_path
@@ -73,6 +73,7 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
         context.server_metrics = server_metrics
         engine.add_stat_listener(PeriodicStatLogger())
         app.state.context = context
+        freeze_startup_objects()
         loop_lag.start()
         yield
         await loop_lag.stop()
