@@ -7,7 +7,7 @@ import argparse
 import os
 
 from specserve.bench.load import ENDPOINTS
-from specserve.bench.workloads import KINDS
+from specserve.bench.workloads import KINDS, SERVE_KINDS
 
 OUR_METHODS = ("none", "ngram", "layer-skip", "draft")
 HF_MODES = ("plain", "pld", "assistant")
@@ -47,9 +47,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", default="auto", choices=ENDPOINTS,
                    help="auto: code prompts to /v1/completions, the others to "
                         "/v1/chat/completions (default: %(default)s)")
-    p.add_argument("--workload", type=_names(KINDS), default=list(KINDS),
-                   help=f"bundled prompt sets, each measured on its own "
-                        f"(default: {','.join(KINDS)})")
+    p.add_argument("--workload", type=_names(SERVE_KINDS), default=list(KINDS),
+                   help=f"bundled prompt sets, each measured on its own: "
+                        f"{', '.join(SERVE_KINDS)} (default: {','.join(KINDS)})")
     p.add_argument("--dataset", default=None,
                    help="JSON-lines file of {\"prompt\": ...} objects, instead of --workload")
     p.add_argument("--num-prompts", type=_positive(int), default=32,

@@ -21,13 +21,14 @@ from pathlib import Path
 from specserve.bench.mixed import FLAVOURS
 
 DATA = Path(__file__).resolve().parent / "data"
-KINDS = ("code", "copy", "chat", "mixed")
+KINDS = ("code", "copy", "chat")  # what speculation is measured on, offline and served
+SERVE_KINDS = (*KINDS, "mixed")  # mixed carries request fields: only `bench serve` sends it
 
 
 @dataclass(frozen=True)
 class Workload:
     id: str  # "<kind>/<name>"
-    kind: str  # one of KINDS
+    kind: str  # one of SERVE_KINDS
     text: str
     chat: bool  # True: `text` is one user message; False: a raw completion prompt
     extra: dict | None = None  # more request fields: response_format, tools (the mixed kind)
@@ -122,7 +123,7 @@ def load_workloads(kind: str, num_prompts: int) -> list[Workload]:
     elif kind == "mixed":
         items = _mixed(load_workloads("code", num_prompts), load_workloads("chat", num_prompts))
     else:
-        raise ValueError(f"unknown workload kind {kind!r}; choose from {', '.join(KINDS)}")
+        raise ValueError(f"unknown workload kind {kind!r}; choose from {', '.join(SERVE_KINDS)}")
     return items[:num_prompts]
 
 

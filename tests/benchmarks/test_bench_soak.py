@@ -13,21 +13,27 @@ import sys
 from tests.servers import running_server
 
 
-def test_timed_run_with_clients_that_hang_up(tiny_chat_model_folder, tmp_path):
-    # The tiny model's context is 512 tokens, the longest chat prompt 402: 100 new tokens fit.
-    args = ["--model", str(tiny_chat_model_folder), "--served-model-name", "tiny",
-            "--speculative-method", "none"]
-    output = tmp_path / "soak.json"
+def _soak(model_folder, method: str, output, *bench_args: str) -> dict[str, float]:
+    """`bench serve` with `bench_args` into `output` against a fresh server on the tiny model;
+    returns the server's metrics once it is idle after the run."""
+    args = ["--model", str(model_folder), "--served-model-name", "tiny",
+            "--speculative-method", method]
     with running_server(args, "tiny") as server:
         result = subprocess.run(
             [sys.executable, "-m", "specserve", "bench", "serve", "--base-url", server.base_url,
-             "--workload", "chat", "--max-tokens", "100", "--ignore-eos", "--concurrency", "64",
-             "--request-rate", "8", "--duration", "4", "--disconnect-fraction", "0.5",
-             "--disconnect-within", "0.2", "--hostile-rate", "2", "--no-progress",
-             "--output", str(output)],
+             *bench_args, "--no-progress", "--output", str(output)],
             capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
-        idle = server.wait_until_idle(timeout=30)
+        return server.wait_until_idle(timeout=30)
+
+
+def test_timed_run_with_clients_that_hang_up(tiny_chat_model_folder, tmp_path):
+    # The tiny model's context is 512 tokens, the longest chat prompt 402: 100 new tokens fit.
+    output = tmp_path / "soak.json"
+    idle = _soak(tiny_chat_model_folder, "none", output,
+                 "--workload", "chat", "--max-tokens", "100", "--ignore-eos", "--concurrency", "64",
+                 "--request-rate", "8", "--duration", "4", "--disconnect-fraction", "0.5",
+                 "--disconnect-within", "0.2", "--hostile-rate", "2")
     (run,) = json.loads(output.read_text())["runs"]
     (r,) = run["results"]
     sent = r["num_requests"] + r["client_disconnects"]
@@ -51,18 +57,10 @@ def test_mixed_traffic_is_checked_and_the_event_loop_lag_reported(tiny_chat_mode
     """The soak's own traffic (`--workload mixed`: completions and chat, structured outputs and
     tools, streamed and whole): every answer is checked against what it asked for, and the
     server's event-loop lag is sampled with its memory."""
-    args = ["--model", str(tiny_chat_model_folder), "--served-model-name", "tiny",
-            "--speculative-method", "ngram"]
     output = tmp_path / "mixed.json"
-    with running_server(args, "tiny") as server:
-        result = subprocess.run(
-            [sys.executable, "-m", "specserve", "bench", "serve", "--base-url", server.base_url,
-             "--workload", "mixed", "--max-tokens", "48", "--concurrency", "4",
-             "--duration", "6", "--disconnect-fraction", "0.2", "--no-progress",
-             "--output", str(output)],
-            capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr
-        server.wait_until_idle(timeout=30)
+    _soak(tiny_chat_model_folder, "ngram", output,
+          "--workload", "mixed", "--max-tokens", "48", "--concurrency", "4", "--duration", "6",
+          "--disconnect-fraction", "0.2")
     (run,) = json.loads(output.read_text())["runs"]
     (r,) = run["results"]
     assert r["failed"] == 0, r["errors"]  # no answer broke its request, no 5xx

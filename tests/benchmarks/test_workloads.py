@@ -7,10 +7,10 @@ import json
 import pytest
 
 from specserve.bench.serve import sample_workloads, workload_sets
-from specserve.bench.workloads import KINDS, load_dataset, load_workloads
+from specserve.bench.workloads import SERVE_KINDS, load_dataset, load_workloads
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SERVE_KINDS)
 def test_bundled_sets_are_large_enough_to_sweep(kind):
     workloads = load_workloads(kind, 10_000)
     assert len(workloads) >= 24
