@@ -23,10 +23,11 @@ import pytest
 from tests.server.conftest import assert_error, sse_events
 
 HEALTH_BOUND_S = 0.5
-# The bound is 50 ms; on an idle Xeon no hostile body held the loop past 50 ms (the
-# served 95 KB schema, generating under its grammar, came closest: 25-50 ms). The test allows
-# twice that, for the slower CI machines (an AVX2-only Zen 3 runs the suite ~1.8x slower).
-LOOP_LAG_BOUND_S = 0.1
+# The bound is 50 ms; on the Xeon no hostile body held the loop past 50 ms (the served
+# 95 KB schema, generating under its grammar, came closest: 25-50 ms). The test allows 250 ms (a
+# histogram bucket bound), for the slowest CI machines and their neighbours: what it must catch
+# is a body that holds the loop for its whole parse or compile (1.4 s for a 95 KB schema before).
+LOOP_LAG_BOUND_S = 0.25
 PROBE_EVERY_S = 0.05
 
 
