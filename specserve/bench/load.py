@@ -96,16 +96,14 @@ class _Answer:
         return bool(text or part.get("tool_calls"))
 
     def violation(self, workload: Workload) -> str | None:
-        if not workload.extra:
-            return None
         calls = [tuple(self.calls[index]) for index in sorted(self.calls)]
         return answer_violation(workload.extra, self.text, calls, self.finish_reason)
 
 
 async def send(client: httpx.AsyncClient, target: Target, workload: Workload,
                options: RequestOptions) -> RequestRecord:
-    """One request, timed; errors, answers
-    that break what was asked included, end up in the record, not raised."""
+    """One request, timed; errors (an answer that breaks what it asked for is one) end up in
+    the record, not raised."""
     path, body = request_body(target, workload, options)
     record = RequestRecord(prompt_id=workload.id, kind=workload.kind, start=time.perf_counter())
     answer = _Answer()

@@ -28,6 +28,14 @@ LOOP_LAG = "event_loop_lag_seconds_bucket"  # specserve's (server/loop_lag.py)
 LOOP_LAG_BOUND_S = 0.05  # issue 48: no request holds the event loop longer
 
 
+def loop_lag_buckets(exposition: str) -> dict[float, float]:
+    """specserve's event-loop lag histogram in a text exposition: {bucket bound: wake-ups at
+    or under it} (empty for a server that does not export it)."""
+    return {float(sample.labels["le"]): sample.value
+            for family in text_string_to_metric_families(exposition)
+            for sample in family.samples if sample.name.rsplit(":", 1)[-1] == LOOP_LAG}
+
+
 def server_state(exposition: str) -> dict[str, float]:
     """The GAUGES found in a text exposition, summed over label sets, and where the server
     exports its event-loop lag, how many of its wake-ups so far came more than
@@ -35,15 +43,12 @@ def server_state(exposition: str) -> dict[str, float]:
     all (`loop_lag_max_le_s`: the longest lag was at most that)."""
     by_name = {name: key for key, name in GAUGES.items()}
     state: dict[str, float] = {}
-    lag_buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(exposition):
         for sample in family.samples:
-            name = sample.name.rsplit(":", 1)[-1]
-            key = by_name.get(name)
+            key = by_name.get(sample.name.rsplit(":", 1)[-1])
             if key is not None:
                 state[key] = state.get(key, 0.0) + sample.value
-            elif name == LOOP_LAG:
-                lag_buckets[float(sample.labels["le"])] = sample.value
+    lag_buckets = loop_lag_buckets(exposition)
     if lag_buckets:
         total = lag_buckets[float("inf")]
         state["loop_lags_over_50ms"] = total - lag_buckets.get(LOOP_LAG_BOUND_S, 0.0)

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from specserve.bench.server_state import loop_lag_buckets
 from tests.server.conftest import assert_error, sse_events
 
 HEALTH_BOUND_S = 0.5
@@ -61,13 +62,8 @@ def health_probe(base_url: str):
 
 
 def loop_lags(base_url: str) -> dict[float, float]:
-    """The server's event-loop lag histogram: observations at or under each bucket bound."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(f"{base_url}/metrics").text
-    return {float(sample.labels["le"]): sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.name.endswith("event_loop_lag_seconds_bucket")}
+    """The server's event-loop lag histogram: wake-ups at or under each bucket bound."""
+    return loop_lag_buckets(httpx.get(f"{base_url}/metrics").text)
 
 
 def _schema_body(schema: dict) -> dict:

@@ -7,14 +7,14 @@ import asyncio
 import gc
 import time
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from server.loop_lag import FREEZE_ENV, LoopLagMonitor, freeze_startup_objects
+from specserve.bench.server_state import loop_lag_buckets
 
 
 def _lags_over(registry: CollectorRegistry, bound: float) -> float:
-    buckets = {float(sample.labels["le"]): sample.value for family in registry.collect()
-               for sample in family.samples if sample.name.endswith("_bucket")}
+    buckets = loop_lag_buckets(generate_latest(registry).decode())  # as the soak reads /metrics
     return buckets[float("inf")] - buckets[bound]
 
 
