@@ -94,8 +94,12 @@ class SchedulerConfig:
             )
 
 
-SPECULATIVE_METHODS = ("none", "ngram", "suffix", "eagle", "draft", "layer-skip")
+SPECULATIVE_METHODS = ("none", "ngram", "suffix", "auto", "eagle", "draft", "layer-skip")
 SUFFIX_CACHE_SCOPES = ("tenant", "global")
+# K's ceiling where the method does not set 5. Suffix chains follow earlier outputs, often for
+# dozens of tokens (vLLM defaults it to the trie depth, 24); 15 drafts are 16 verified rows, the
+# most a CPU step takes in one batched call (engine/attention/metadata.py MAX_QUERY_LEN_BATCHED).
+DEFAULT_NUM_SPECULATIVE_TOKENS = {"suffix": 15, "auto": 15}
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ class SpeculativeConfig:
 
     # ngram: on this CPU measured ahead of eagle (benchmarks/results/spec_matrix_cpu_*.json)
     speculative_method: str = "ngram"
-    num_speculative_tokens: int = 5  # the ceiling of K
+    num_speculative_tokens: int | None = None  # the ceiling of K; None: the method's default
     draft_model: str | None = None  # for "draft": HF folder or .gguf
     draft_layers: int | None = None  # for "layer-skip": how many layers the draft runs
     draft_layer_ids: tuple[int, ...] | None = None  # for "layer-skip": exactly these layers
@@ -130,6 +134,9 @@ class SpeculativeConfig:
         if self.speculative_method not in SPECULATIVE_METHODS:
             raise ValueError(f"--speculative-method must be one of {', '.join(SPECULATIVE_METHODS)}"
                              f", got {self.speculative_method!r}")
+        if self.num_speculative_tokens is None:
+            object.__setattr__(self, "num_speculative_tokens",
+                               DEFAULT_NUM_SPECULATIVE_TOKENS.get(self.speculative_method, 5))
         if not 0 <= self.num_speculative_tokens <= 32:
             raise ValueError("--num-speculative-tokens must be in [0, 32], got "
                              f"{self.num_speculative_tokens}")

@@ -61,13 +61,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-method", default="ngram", choices=SPECULATIVE_METHODS,
                    help="how draft tokens are proposed: none, ngram (prompt lookup), suffix "
                         "(suffix trees over the request and over finished requests' outputs), "
-                        "eagle (a "
+                        "auto (per request and step the best of suffix, ngram and eagle), eagle (a "
                         "trained draft head on the target's features, --draft-head), draft (a "
                         "smaller model, --draft-model) or layer-skip (a subset of the target's "
                         "layers) (default: %(default)s)")
-    p.add_argument("--num-speculative-tokens", type=int, default=5,
+    p.add_argument("--num-speculative-tokens", type=int, default=None,
                    help="most draft tokens per step; fewer when speculation does not pay "
-                        "(default: %(default)s)")
+                        "(default: 15 for suffix and auto, 5 otherwise)")
     p.add_argument("--draft-model", default=None,
                    help="draft model for --speculative-method draft (HF folder or .gguf)")
     p.add_argument("--draft-head", default=None,

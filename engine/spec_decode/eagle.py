@@ -106,7 +106,7 @@ class EagleProposer(Proposer):
             # The source not used drifts back towards the prior, so it is tried again later.
             trackers["head" if use_copy else "copy"].decay()
             request.acceptance = trackers["copy" if use_copy else "head"]
-        self._convert_long_waits(requests)
+        self.convert_long_waits(requests)
 
     def drafts_are_free(self, request: Request) -> bool:
         return request.request_id in self._copies
@@ -158,7 +158,7 @@ class EagleProposer(Proposer):
                                       [1] * len(active), [p + 1 for p in draft_positions])
         self.num_sequential_steps = step
 
-    def _convert_long_waits(self, requests: Sequence[Request]) -> None:
+    def convert_long_waits(self, requests: Sequence[Request]) -> None:
         """Turns the kept rows of requests with CONVERT_ROWS or more into the head's features."""
         self._convert([request for request in requests if _num_raw(request) >= CONVERT_ROWS])
 

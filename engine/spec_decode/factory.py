@@ -13,6 +13,7 @@ from engine.config import SpeculativeConfig
 from engine.core.kv_cache import KVCache
 from engine.metrics.spec_stats import PRIOR_ACCEPTANCE
 from engine.models.loader import cache_dir, load_model
+from engine.spec_decode.auto import AutoProposer
 from engine.spec_decode.controller import (
     DraftCost,
     LinearCostModel,
@@ -23,7 +24,7 @@ from engine.spec_decode.eagle import EagleProposer
 from engine.spec_decode.eagle_head import load_head
 from engine.spec_decode.layer_skip import calibration_cache_file, choose_layers
 from engine.spec_decode.model_drafter import ModelDrafter
-from engine.spec_decode.ngram import NgramProposer
+from engine.spec_decode.ngram import NgramLookup, NgramProposer
 from engine.spec_decode.proposer import Proposer
 from engine.spec_decode.suffix import build_suffix_proposer
 
@@ -47,6 +48,8 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
     elif method == "suffix":
         proposer = build_suffix_proposer(spec)
         draft_cost = DraftCost(per_step=False, seconds_per_unit=NGRAM_SECONDS_PER_TOKEN)
+    elif method == "auto":
+        proposer, draft_cost = build_auto(spec, engine, step_cost)
     elif method == "draft":
         draft = load_draft_model(spec.draft_model, engine)
         kv_cache = KVCache(draft.arch, engine.limits.num_kv_blocks, engine.limits.block_size,
@@ -56,19 +59,8 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
         draft_step = measure_step_cost(draft, kv_cache, engine.limits.block_size, engine.device)
         draft_cost = ModelDraftCost(draft_step(1) / step_cost(1), step_cost)
     elif method == "eagle":
-        head = load_head(head_folder(spec.draft_head, engine.model_name), model, engine.device,
-                         engine.dtype)
-        kv_cache = KVCache(head.arch, engine.runner.kv_cache.num_blocks, engine.limits.block_size,
-                           engine.dtype, engine.device)
-        ngram = (max(spec.ngram_max, spec.eagle_ngram_min), spec.eagle_ngram_min) \
-            if spec.eagle_ngram_min else None
-        prior = (head.config.training or {}).get("held_out_acceptance", prior)
-        model.feature_layers = head.feature_layers  # an EAGLE-3 head reads these layers too
-        proposer = EagleProposer(head, model, kv_cache, engine.limits.block_size, engine.device,
-                                 shared_generator=engine.generator, ngram=ngram, head_prior=prior)
-        draft_cost = ModelDraftCost(measure_head_step(head, model, kv_cache,
-                                                      engine.limits.block_size, engine.device)
-                                    / step_cost(1), step_cost)
+        proposer, draft_cost = build_eagle(spec, engine, step_cost)
+        prior = proposer.head_prior
     else:  # layer-skip
         layer_ids = list(spec.draft_layer_ids) if spec.draft_layer_ids else None
         bad = [i for i in layer_ids or [] if not 0 <= i < model.arch.num_layers]
@@ -86,6 +78,36 @@ def build_speculation(spec: SpeculativeConfig, engine) -> tuple[Proposer, Specul
         draft_cost = ModelDraftCost(len(layer_ids) / model.arch.num_layers, step_cost)
     controller = SpeculationController(max_k, spec.adaptive, step_cost, draft_cost, prior)
     return proposer, controller
+
+
+def build_auto(spec: SpeculativeConfig, engine,
+               step_cost: LinearCostModel) -> tuple[AutoProposer, DraftCost | ModelDraftCost]:
+    """Suffix and n-gram lookups, and the EAGLE head where one ships for the model (or
+    --draft-head names one); without a head, `auto` chooses between the lookups alone."""
+    lookup_cost = DraftCost(per_step=False, seconds_per_unit=NGRAM_SECONDS_PER_TOKEN)
+    suffix, ngram = build_suffix_proposer(spec), NgramLookup(spec.ngram_max, spec.ngram_min)
+    if not spec.draft_head and shipped_head(engine.model_name) is None:
+        return AutoProposer(suffix, ngram, step_cost), lookup_cost
+    head, head_cost = build_eagle(spec, engine, step_cost, with_ngram=False)
+    return AutoProposer(suffix, ngram, step_cost, head, head_cost), head_cost
+
+
+def build_eagle(spec: SpeculativeConfig, engine, step_cost: LinearCostModel,
+                with_ngram: bool = True) -> tuple[EagleProposer, ModelDraftCost]:
+    model = engine.runner.model
+    head = load_head(head_folder(spec.draft_head, engine.model_name), model, engine.device,
+                     engine.dtype)
+    kv_cache = KVCache(head.arch, engine.runner.kv_cache.num_blocks, engine.limits.block_size,
+                       engine.dtype, engine.device)
+    ngram = (max(spec.ngram_max, spec.eagle_ngram_min), spec.eagle_ngram_min) \
+        if spec.eagle_ngram_min and with_ngram else None
+    prior = (head.config.training or {}).get("held_out_acceptance", PRIOR_ACCEPTANCE)
+    model.feature_layers = head.feature_layers  # an EAGLE-3 head reads these layers too
+    proposer = EagleProposer(head, model, kv_cache, engine.limits.block_size, engine.device,
+                             shared_generator=engine.generator, ngram=ngram, head_prior=prior)
+    draft_cost = ModelDraftCost(measure_head_step(head, model, kv_cache, engine.limits.block_size,
+                                                  engine.device) / step_cost(1), step_cost)
+    return proposer, draft_cost
 
 
 def shipped_head(model_name: str) -> Path | None:

@@ -49,6 +49,11 @@ class Proposer(ABC):
         only their verification."""
         return False
 
+    def method_of(self, request: Request) -> str:
+        """After `prepare`: the method this request's drafts this step come from, as usage and
+        the metrics count them (a proposer with several sources names the one chosen)."""
+        return self.name
+
     def prepare(self, requests: Sequence[Request], max_tokens: Sequence[int]) -> None:
         """Before the controller plans a step: a proposer with several sources picks one per
         request and points `request.acceptance` at that source's tracker, so the controller

@@ -75,7 +75,7 @@ class Speculation:
                     request.num_draft_computed_tokens = min(request.num_draft_computed_tokens,
                                                             request.num_tokens - 1 + same)
             request.draft_token_ids, request.forced_drafts = drafts, forced
-            request.draft_method = self.proposer.name
+            request.draft_method = self.proposer.method_of(request)
             if drafts and draft_probs is not None:
                 probs[request.request_id] = draft_probs
         return probs

@@ -72,13 +72,39 @@ class SuffixProposer(Proposer):
         self.cache = cache
         self._states: weakref.WeakKeyDictionary[Request, _RequestSuffixes] = \
             weakref.WeakKeyDictionary()
+        self._prepared: dict[str, list[int]] = {}  # this step's chains, by request id
+
+    def prepare(self, requests: Sequence[Request], max_tokens: Sequence[int]) -> None:
+        """Drafts each request's longest chain before the controller plans, and sets its
+        tracker's prior to the chain's own confidence (the per-token mean of its count ratios):
+        a request that repeats a cached output drafts long from its first step, where the
+        default prior would have it start short, while a chain from a weak match starts low."""
+        self._prepared = {}
+        for request, k in zip(requests, max_tokens):
+            if k <= 0 or request.grammar is not None:  # grammar requests draft in between
+                continue
+            draft = self.best_draft(request, k)
+            self._prepared[request.request_id] = draft.token_ids if draft else []
+            request.acceptance.prior = draft.per_token_probability if draft else 0.0
 
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Proposal:
-        return Proposal([self._draft(r, k) for r, k in zip(requests, num_tokens)])
+        prepared, self._prepared = self._prepared, {}
+        drafts = []
+        for request, k in zip(requests, num_tokens):
+            chain = prepared.get(request.request_id)
+            if chain is None:
+                draft = self.best_draft(request, k)
+                chain = draft.token_ids if draft else []
+            drafts.append(chain[:max(k, 0)])  # the controller sized k by this chain
+        return Proposal(drafts)
 
     def continue_drafts(self, request: Request, drafts: Sequence[int], num_tokens: int,
                         valid_prefix: ValidPrefix) -> list[int]:
-        return self._draft(request, num_tokens, drafts, valid_prefix)
+        for draft in self._drafts(request, num_tokens, drafts):
+            token_ids = draft.token_ids[:valid_prefix(draft.token_ids)]
+            if token_ids:
+                return token_ids
+        return []
 
     def request_finished(self, request: Request) -> None:
         """Puts what the request generated into its tenant's global trie."""
@@ -96,8 +122,12 @@ class SuffixProposer(Proposer):
         return self.cache.stats()
 
     # ------------------------------------------------------------------ lookups
-    def _draft(self, request: Request, num_tokens: int, appended: Sequence[int] = (),
-               valid_prefix: ValidPrefix | None = None) -> list[int]:
+    def best_draft(self, request: Request, num_tokens: int) -> Draft | None:
+        return next(iter(self._drafts(request, num_tokens)), None)
+
+    def _drafts(self, request: Request, num_tokens: int,
+                appended: Sequence[int] = ()) -> list[Draft]:
+        """The local and the global trie's chains, the higher expected gain first."""
         if num_tokens <= 0:
             return []
         state = self._up_to_date(request)
@@ -108,20 +138,15 @@ class SuffixProposer(Proposer):
             if global_trie is not None:
                 global_matched = advance(global_trie, global_matched, token_id)
         settings = self.settings
-        candidates = [draft_from(local, matched, num_tokens, settings.max_spec_factor,
+        context = request.all_token_ids
+        tail = [*context[max(len(context) - settings.max_depth, 0):], *appended]
+        candidates = [draft_from(local, matched, tail, num_tokens, settings.max_spec_factor,
                                  settings.min_token_prob)]
         if global_trie is not None:
-            candidates.append(draft_from(global_trie, global_matched, num_tokens,
+            candidates.append(draft_from(global_trie, global_matched, tail, num_tokens,
                                          settings.max_spec_factor, settings.min_token_prob))
-        drafts: list[Draft] = sorted((c for c in candidates if c is not None),
-                                     key=lambda d: d.score, reverse=True)
-        for draft in drafts:
-            token_ids = draft.token_ids
-            if valid_prefix is not None:
-                token_ids = token_ids[:valid_prefix(token_ids)]
-            if token_ids:
-                return token_ids
-        return []
+        return sorted((c for c in candidates if c is not None), key=lambda d: d.score,
+                      reverse=True)
 
     def _up_to_date(self, request: Request) -> _RequestSuffixes:
         """The request's state with every context token read: appended tokens extend the local

@@ -37,6 +37,12 @@ class Draft:
     token_ids: list[int]
     score: float  # expected accepted tokens: the sum of the drafts' path probabilities
     match_length: int
+    path_probability: float = 1.0  # of the whole chain: the product of its count ratios
+
+    @property
+    def per_token_probability(self) -> float:
+        """The chain's count ratios' geometric mean: its acceptance in the controller's terms."""
+        return self.path_probability ** (1 / len(self.token_ids))
 
 
 class SuffixTrie:
@@ -167,32 +173,54 @@ def match(trie: SuffixTrie, token_ids: Sequence[int]) -> list[int]:
     return matched
 
 
-def draft_from(trie: SuffixTrie, matched: Sequence[int], num_tokens: int,
+def draft_from(trie: SuffixTrie, matched: Sequence[int], tail: Sequence[int], num_tokens: int,
                max_spec_factor: float, min_token_prob: float) -> Draft | None:
-    """The chain of likeliest continuations of the longest matched suffix that has any. A
-    match of length m drafts at most max_spec_factor * m tokens (short matches guess badly),
-    and a draft stops where its path probability (the product of count ratios) falls below
-    min_token_prob. Matches longer than max_depth - num_tokens are cut to leave the trie room to
-    continue."""
-    best, counts = trie.best, trie.counts
-    longest = min(len(matched), max(trie.max_depth - num_tokens, 1))
-    for length in range(longest, 0, -1):
+    """The chain of likeliest continuations of the longest matched suffix that has any, `tail`
+    being the context's last tokens (at least the max_depth - 1 that `matched` ends with). A match
+    of length m drafts at most max_spec_factor * m tokens (short matches guess badly), and a
+    draft stops where its path probability (the product of count ratios) falls below
+    min_token_prob. Where the chain reaches the end of what the trie holds (its depth), it goes
+    on from a shorter suffix of context and draft (`_reanchor`), so a long copy drafts past
+    max_depth."""
+    best, counts, tokens = trie.best, trie.counts, trie.tokens
+    for length in range(len(matched), 0, -1):
         node = matched[length - 1]
         if best[node] >= 0:
             break
     else:
         return None
-    limit = min(num_tokens, max(1, int(max_spec_factor * length)), trie.max_depth - length)
+    limit = min(num_tokens, max(1, int(max_spec_factor * length)))
     token_ids: list[int] = []
     probability, score = 1.0, 0.0
     while len(token_ids) < limit:
         child = best[node]
-        if child < 0:
+        if child < 0:  # the deepest substring the trie holds: shorten the context, go on
+            node = _reanchor(trie, tail, token_ids)
+            if node < 0:
+                break
+            child = best[node]
+        extended = probability * counts[child] / counts[node]
+        if extended < min_token_prob:
             break
-        probability *= counts[child] / counts[node]
-        if probability < min_token_prob:
-            break
-        token_ids.append(trie.tokens[child])
+        probability = extended
+        token_ids.append(tokens[child])
         score += probability
         node = child
-    return Draft(token_ids, score, length) if token_ids else None
+    return Draft(token_ids, score, length, probability) if token_ids else None
+
+
+def _reanchor(trie: SuffixTrie, tail: Sequence[int], drafted: list[int]) -> int:
+    """The node of the longest suffix of `tail + drafted`, at most 2/3 of the depth (room to
+    draft a third of it before the next re-anchoring), that has a continuation; -1 if none. Walks
+    from the root: O(depth) lookups, once every ~depth/3 drafted tokens."""
+    edges = trie.edges
+    window = [*tail, *drafted][-(2 * trie.max_depth // 3):]
+    for start in range(len(window)):
+        node = ROOT
+        for token_id in window[start:]:
+            node = edges.get(node * EDGE_STRIDE + token_id, NO_CHILD)
+            if node < 0:
+                break
+        if node > ROOT and trie.best[node] >= 0:
+            return node
+    return NO_CHILD

@@ -42,6 +42,7 @@ def method_options(tiny_chat_model_folder, default_model_folder, tmp_path_factor
     return {
         "ngram": {"speculative_method": "ngram"},
         "suffix": {"speculative_method": "suffix"},
+        "auto": {"speculative_method": "auto"},  # suffix, ngram and the shipped head
         "draft": {"speculative_method": "draft", "draft_model": str(tiny_chat_model_folder)},
         "layer-skip": {"speculative_method": "layer-skip", "draft_layer_ids": (0, 1, 14, 29)},
         "eagle": {"speculative_method": "eagle"},
@@ -49,7 +50,7 @@ def method_options(tiny_chat_model_folder, default_model_folder, tmp_path_factor
     }
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix", "draft", "layer-skip", "eagle",
+@pytest.mark.parametrize("method", ["ngram", "suffix", "auto", "draft", "layer-skip", "eagle",
                                     "eagle-untrained"])
 def test_greedy_speculation_is_lossless(method, method_options, plain_outputs):
     llm = make_llm(adaptive=False, num_speculative_tokens=4, **method_options[method])
@@ -81,7 +82,7 @@ def test_the_shipped_eagle_head_is_accepted_often(method_options):
     assert rates["eagle"] > 0.2 and rates["eagle-untrained"] < 0.05, rates
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix", "draft", "eagle"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "auto", "draft", "eagle"])
 def test_greedy_speculation_is_lossless_under_preemption(method, method_options, plain_outputs):
     llm = make_llm(adaptive=False, num_speculative_tokens=4, num_kv_blocks=12,
                    **method_options[method])
@@ -207,6 +208,8 @@ def _broken_verify(logits, batch, seqs, flags=None):
     ("draft", 1.0, "float32"), ("draft", 0.8, "float32"),
     ("ngram", 1.0, "float32"), ("ngram", 0.8, "float32"),
     ("suffix", 1.0, "float32"), ("suffix", 0.8, "float32"),
+    # auto with a head: one-hot lookup drafts and the head's sampled ones in the same runs
+    ("auto", 1.0, "float32"),
     # An untrained head's q is its real output: near-uniform over 5 of the 6 tokens, and zero
     # on the one outside its draft vocabulary.
     ("eagle", 1.0, "float32"), ("eagle", 0.8, "float32"),
@@ -221,7 +224,7 @@ def test_sampled_speculation_matches_the_target_distribution(
     params = SamplingParams(max_tokens=4, temperature=1.0, top_p=top_p, ignore_eos=True)
     expected = _exact_joint(hf_target, params)
     options = {"draft_model": str(draft)} if method == "draft" else {}
-    if method == "eagle":
+    if method in ("eagle", "auto"):
         options = {"draft_head": str(make_random_head(target, target / "head", VOCAB - 1,
                                                       std=0.3))}
     llm = make_llm(str(target), speculative_method=method, adaptive=False,
@@ -230,7 +233,7 @@ def test_sampled_speculation_matches_the_target_distribution(
     samples = _sample_first_three(llm, params)
     spec_stats = llm.engine.scheduler.spec_stats
     # Drafts were really verified (a lookup finds a match only after some first tokens).
-    lookup = method in ("ngram", "suffix")
+    lookup = method in ("ngram", "suffix", "auto")
     assert spec_stats.num_draft_tokens >= (0.5 if lookup else 1.5) * NUM_SAMPLES
     assert 0 < spec_stats.num_accepted_tokens < spec_stats.num_draft_tokens
     assert not _chi_square_rejects(samples, expected)

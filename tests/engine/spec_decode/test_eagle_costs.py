@@ -103,7 +103,7 @@ def test_a_long_wait_keeps_features_not_rows_and_drafts_the_same(
     assert drafts and drafts == whole_drafts
 
     # The control: a conversion that gets the features wrong (zeros) changes the drafts.
-    monkeypatch.setattr(eagle.EagleProposer, "_convert_long_waits",
+    monkeypatch.setattr(eagle.EagleProposer, "convert_long_waits",
                         lambda self, requests: _convert_to_zeros(self, requests))
     _, zeroed_drafts, _ = _drafts_after_a_long_wait(
         tiny_chat_model_folder, random_head, monkeypatch, convert_rows=8)

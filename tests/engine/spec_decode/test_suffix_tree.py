@@ -81,20 +81,41 @@ def test_draft_follows_the_likeliest_continuation_and_stops_below_min_prob():
     for _ in range(3):
         trie.insert([1, 2, 3, 4, 5, 6])
     trie.insert([1, 2, 3, 9, 9, 9])
-    matched = match(trie, [7, 1, 2, 3])
-    draft = draft_from(trie, matched, num_tokens=3, max_spec_factor=1.0, min_token_prob=0.1)
+    context = [7, 1, 2, 3]
+    matched = match(trie, context)
+    draft = draft_from(trie, matched, context, num_tokens=3, max_spec_factor=1.0,
+                       min_token_prob=0.1)
     assert draft.token_ids == [4, 5, 6] and draft.match_length == 3
     assert draft.score == pytest.approx(3 * 0.75)
+    assert draft.path_probability == pytest.approx(0.75)
+    assert draft.per_token_probability == pytest.approx(0.75 ** (1 / 3))
     # the 3:1 split is below a 0.8 threshold: no draft
-    assert draft_from(trie, matched, 3, 1.0, 0.8) is None
+    assert draft_from(trie, matched, context, 3, 1.0, 0.8) is None
     # max_spec_factor: a one-token match drafts at most half a token, rounded up to one
-    one = draft_from(trie, match(trie, [8, 4]), 3, 0.5, 0.1)
+    one = draft_from(trie, match(trie, [8, 4]), [8, 4], 3, 0.5, 0.1)
     assert one.token_ids == [5]
 
 
-def test_a_draft_never_runs_past_the_trie_depth():
-    trie = SuffixTrie(max_depth=4)
-    trie.insert(list(range(20)))
-    draft = draft_from(trie, match(trie, [0, 1, 2, 3, 4, 5]), 5, 4.0, 0.0)
-    assert draft.match_length + len(draft.token_ids) <= 4
-    assert draft.token_ids == list(range(6, 6 + len(draft.token_ids)))
+def test_a_long_copy_drafts_past_the_trie_depth_from_shorter_suffixes():
+    """A trie of depth 6 holds no substring longer than 6 tokens, yet a chain re-anchors on the
+    last tokens of context and draft and follows the whole inserted sequence."""
+    trie = SuffixTrie(max_depth=6)
+    sequence = list(range(100, 140))
+    trie.insert(sequence)
+    context = sequence[:5]
+    draft = draft_from(trie, match(trie, context), context, 30, 10.0, 0.0)
+    assert draft.token_ids == sequence[5:35]
+    assert draft.match_length == 5 and draft.path_probability == 1.0
+    # the chain ends where the sequence does, past any re-anchoring
+    near_end = sequence[:-3]
+    assert draft_from(trie, match(trie, near_end), near_end, 30, 10.0, 0.0).token_ids == \
+        sequence[-3:]
+    # A second sequence shares a 3-token stretch and goes on differently: re-anchoring on the
+    # longest suffix (4 tokens here) still tells the two apart, and the chain stays certain...
+    trie.insert([1, 2, *sequence[10:13], 7, 7, 7])
+    draft = draft_from(trie, match(trie, context), context, 30, 10.0, 0.0)
+    assert draft.token_ids == sequence[5:35] and draft.path_probability == 1.0
+    # ...where a context of only the shared stretch sees both continuations, half each
+    shared = sequence[10:13]
+    split = draft_from(trie, match(trie, shared), shared, 30, 10.0, 0.0)
+    assert split.path_probability == 0.5
