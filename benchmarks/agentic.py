@@ -1,150 +1,129 @@
 """Suffix decoding against ngram and none on agentic and repetitive traffic, through the server.
 
-    PYTHONPATH=. python -m benchmarks.agentic --output benchmarks/results/agentic_<cpu>.json
+    PYTHONPATH=. python -m benchmarks.agentic --output benchmarks/results/agentic_<cpu>.json \
+        [--concurrency 16] [--llama-server PATH [--llama-server-plain]] [--plot FIGURE.png]
 
-One `specserve serve` per method (the default model, defaults otherwise), all started first and
-then fed the same turns at batch 1, the methods taking turns on every request (whoever goes
-first on a machine runs a little slower). Workloads (benchmarks/agentic_workloads.py): an agent
+One `specserve serve` per method (the default model, defaults otherwise), all started first. At
+batch 1 they are fed the same turns, the methods taking turns on every request (whoever goes
+first on a machine runs a little slower); at `--concurrency N` each runs the whole workload in
+its turn, N episodes at a time, the method going first rotating per workload. With
+`--llama-server`, llama.cpp's own server with its n-gram cache runs beside ours
+(benchmarks/agentic_servers.py). Workloads (benchmarks/agentic_workloads.py): an agent
 loop re-sending its history, one template over different inputs, one prompt repeated at T = 0
 and at T = 0.7 (seeded), and fresh chat as the control. Per workload and method: completion
-tokens per second over all its requests, acceptance from `usage.speculative`, and the ratios
-suffix/none and suffix/ngram. Greedy and seeded outputs must agree across methods (lossless);
-the report says whether they did. The machine's load (`uptime`) is recorded before and after.
+tokens per second (at batch 1 over the requests' latencies, at concurrency N over the workload's
+wall time), acceptance from `usage.speculative` (llama-server's `timings` draft counts), and
+suffix's tokens/s over every other target's. Greedy and seeded outputs of our methods must agree
+(lossless; llama.cpp's numerics differ); the report says whether they did. The machine's load
+(`uptime`) is recorded before and after. `--plot` draws the report (benchmarks/agentic_plot.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import subprocess
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
-import httpx
-
-from benchmarks.agentic_workloads import Workload, all_workloads
+from benchmarks.agentic_run import (Chat, Target, http_chat, run_concurrently,
+                                    run_interleaved, summarize)
+from benchmarks.agentic_servers import start_all
+from benchmarks.agentic_workloads import (DEFAULT_REPEATS, WORKLOAD_NAMES,
+                                          Workload, all_workloads,
+                                          select_workloads)
 from benchmarks.machine import cpu_model, our_versions
 from specserve.bench.report import emit, taking_turns
 
 METHODS = ("none", "ngram", "suffix")
-STARTUP_TIMEOUT_S = 600
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_servers(methods: list[str], extra: list[str], log_dir: Path) -> dict[str, str]:
-    """method -> base URL, each server healthy; the processes end with this one (atexit)."""
-    urls, processes = {}, []
-    for method in methods:
-        port = _free_port()
-        log = open(log_dir / f"agentic_{method}.log", "w")
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "server", "serve", "--port", str(port), "--log-level",
-             "warning", "--speculative-method", method, *extra],
-            stderr=log, stdout=log, env=os.environ.copy()))
-        urls[method] = f"http://127.0.0.1:{port}"
-    import atexit
-
-    atexit.register(lambda: [p.terminate() for p in processes])
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    for method, url in urls.items():
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
-                raise SystemExit(f"the {method} server did not start: see {log_dir}")
-            time.sleep(0.5)
-    return urls
-
-
-def chat(url: str, system: str | None, messages: list[dict], max_tokens: int,
-         temperature: float, seed: int | None) -> tuple[dict, float]:
-    body = {"max_tokens": max_tokens, "temperature": temperature,
-            "messages": ([{"role": "system", "content": system}] if system else []) + messages}
-    if seed is not None:
-        body["seed"] = seed
-    started = time.perf_counter()
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
-    seconds = time.perf_counter() - started
-    response.raise_for_status()
-    return response.json(), seconds
-
-
-def run_workload(workload: Workload, urls: dict[str, str], max_tokens: int) -> dict:
-    methods = list(urls)
-    totals = {m: {"tokens": 0, "seconds": 0.0, "draft": 0, "accepted": 0} for m in methods}
-    histories = {m: [] for m in methods}
-    identical, request_index = True, 0
-    for episode in workload.episodes:
-        histories = {m: [] for m in methods}
-        for turn in episode:
-            texts = {}
-            for method in taking_turns(methods, request_index):
-                messages = (histories[method] if turn.history else []) + \
-                    [{"role": "user", "content": turn.user}]
-                body, seconds = chat(urls[method], workload.system, messages, max_tokens,
-                                     turn.temperature, turn.seed)
-                text = body["choices"][0]["message"]["content"] or ""
-                usage = body["usage"]
-                total = totals[method]
-                total["tokens"] += usage["completion_tokens"]
-                total["seconds"] += seconds
-                total["draft"] += usage["speculative"]["draft_tokens"]
-                total["accepted"] += usage["speculative"]["accepted_tokens"]
-                histories[method] = messages + [{"role": "assistant", "content": text}]
-                texts[method] = text
-            identical &= len(set(texts.values())) == 1
-            request_index += 1
-    result = {"requests": request_index, "outputs_identical_across_methods": identical}
-    for method, total in totals.items():
-        result[method] = {
-            "completion_tokens": total["tokens"], "seconds": round(total["seconds"], 3),
-            "tokens_per_s": round(total["tokens"] / total["seconds"], 2),
-            "draft_tokens": total["draft"], "accepted_tokens": total["accepted"],
-            "acceptance_rate": round(total["accepted"] / total["draft"], 3)
-            if total["draft"] else None}
-    rate = {m: result[m]["tokens_per_s"] for m in methods}
-    for other in ("none", "ngram"):
-        if "suffix" in rate and other in rate:
-            result[f"suffix_over_{other}"] = round(rate["suffix"] / rate[other], 3)
-    return result
+def run_workload(workload: Workload, targets: list[Target], chat: Chat, concurrency: int,
+                 workload_index: int) -> dict:
+    """Batch 1: interleaved per request. Concurrency N: target after target, whoever goes first
+    rotating with the workload's index."""
+    if concurrency == 1:
+        result = summarize(run_interleaved(workload, targets, chat), targets)
+    else:
+        records, wall_seconds = [], {}
+        for target in taking_turns(targets, workload_index):
+            mine, wall_seconds[target.label] = run_concurrently(workload, target, chat,
+                                                                concurrency)
+            records += mine
+        result = summarize(records, targets, wall_seconds)
+    # fewer episodes than --concurrency: never that many in flight (raise --scale, --repeats)
+    return {"episodes": len(workload.episodes), **result}
 
 
 def _load() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--workloads", default=None,
+                        help=f"comma-separated subset of {','.join(WORKLOAD_NAMES)} (default all)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--scale", type=int, default=1, help="episodes per workload, x")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                        help="how often the repeated prompts are sent")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="episodes in flight at once (1: batch 1, methods interleaved)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--server-args", default="", help="more `specserve serve` flags")
+    parser.add_argument("--llama-server", default=None, metavar="PATH",
+                        help="llama-server binary: compare with its --spec-type ngram-cache")
+    parser.add_argument("--llama-server-plain", action="store_true",
+                        help="also llama-server without speculation")
+    parser.add_argument("--llama-server-threads", type=int, default=2)
     parser.add_argument("--log-dir", default="/tmp")
     parser.add_argument("--cpu-note", default=None, help="what to say of the CPU beside its name")
     parser.add_argument("--output", default=None)
+    parser.add_argument("--plot", default=None, metavar="PATH.png",
+                        help="draw tokens/s and acceptance per workload (benchmarks/agentic_plot)")
     args = parser.parse_args(argv)
+    if args.concurrency < 1:
+        parser.error(f"--concurrency must be >= 1, got {args.concurrency}")
+    if args.llama_server_plain and not args.llama_server:
+        parser.error("--llama-server-plain needs --llama-server PATH")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        workloads = select_workloads(all_workloads(args.seed, args.scale, args.repeats),
+                                     args.workloads.split(",") if args.workloads else None)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    if args.plot:
+        from specserve.bench.plots import load_pyplot
+
+        load_pyplot()  # no matplotlib: say so now, not after the run
     load_before = _load()
-    urls = start_servers(args.methods.split(","), args.server_args.split(), Path(args.log_dir))
-    workloads = {}
-    for workload in all_workloads(args.seed, args.scale):
-        workloads[workload.name] = run_workload(workload, urls, args.max_tokens)
-        print(f"{workload.name}: {workloads[workload.name]}", file=sys.stderr)
-    emit({"benchmark": "agentic", "cpu": cpu_model(), "cpu_note": args.cpu_note,
-          "versions": our_versions(), "batch": 1, "max_tokens": args.max_tokens,
-          "scale": args.scale, "server_args": args.server_args,
-          "load_before": load_before, "load_after": _load(), "workloads": workloads},
-         args.output)
+    servers = start_all(args.methods.split(","), args.server_args.split(), Path(args.log_dir),
+                        args.llama_server, args.llama_server_plain, args.llama_server_threads,
+                        args.concurrency)
+    chat = partial(http_chat, max_tokens=args.max_tokens)
+    results = {}
+    for index, workload in enumerate(workloads):
+        results[workload.name] = run_workload(workload, servers.targets, chat, args.concurrency,
+                                              index)
+        print(f"{workload.name}: {results[workload.name]}", file=sys.stderr)
+    servers.stop()
+    report = {"benchmark": "agentic", "cpu": cpu_model(), "cpu_note": args.cpu_note,
+              "versions": our_versions(), "batch": 1 if args.concurrency == 1 else None,
+              "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+              "scale": args.scale, "repeats": args.repeats, "seed": args.seed,
+              "server_args": args.server_args, "servers": servers.commands,
+              "load_before": load_before, "load_after": _load(), "workloads": results}
+    emit(report, args.output)
+    if args.plot:
+        from benchmarks.agentic_plot import plot_agentic
+
+        plot_agentic(report, args.plot)
+        print(f"figure written to {args.plot}", file=sys.stderr)
 
 
 if __name__ == "__main__":

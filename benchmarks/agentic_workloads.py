@@ -102,8 +102,29 @@ def fresh_chat(rng: random.Random, num_prompts: int) -> Workload:
     return Workload("fresh_chat", [[Turn(q)] for q in rng.sample(FRESH_QUESTIONS, num_prompts)])
 
 
-def all_workloads(seed: int, scale: int = 1) -> list[Workload]:
+WORKLOAD_NAMES = ("agent_loop", "templated", "repeated_t0", "repeated_t0.7", "fresh_chat")
+DEFAULT_REPEATS = 8  # RL rollouts send one prompt 8-16 times
+
+
+def all_workloads(seed: int, scale: int = 1, repeats: int = DEFAULT_REPEATS) -> list[Workload]:
+    """Every workload, in WORKLOAD_NAMES order: `scale` multiplies the episodes of the others,
+    `repeats` is how often the repeated prompt is sent."""
+    if scale < 1 or repeats < 1:
+        raise ValueError(f"--scale and --repeats must be >= 1, got {scale} and {repeats}")
     rng = random.Random(seed)
     return [agent_loop(rng, 2 * scale, 4), templated(rng, 3 * scale),
-            repeated(rng, 4 * scale, 0.0), repeated(rng, 4 * scale, 0.7),
+            repeated(rng, repeats, 0.0), repeated(rng, repeats, 0.7),
             fresh_chat(rng, min(4 * scale, len(FRESH_QUESTIONS)))]
+
+
+def select_workloads(workloads: list[Workload], names: list[str] | None) -> list[Workload]:
+    """The workloads named (all when `names` is None), in their usual order. Filtering after
+    generating keeps a re-run of one workload identical to its part of a full run: every
+    workload draws from the one seeded RNG."""
+    if names is None:
+        return workloads
+    unknown = sorted(set(names) - {workload.name for workload in workloads})
+    if unknown:
+        raise ValueError(f"unknown workloads {unknown}; choose from "
+                         f"{[workload.name for workload in workloads]}")
+    return [workload for workload in workloads if workload.name in names]

@@ -1,0 +1,166 @@
+"""How benchmarks/agentic.py sends a workload's turns, and what it makes of the answers.
+
+A workload's *episodes* are independent; the turns within one are sent in order, each after the
+answer to the one before, because a turn with `history` re-sends the replies (an agent loop).
+
+  batch 1        every target answers every turn before the next turn is sent, the targets
+                 taking turns on who goes first (run_interleaved)
+  concurrency N  one target at a time runs the whole workload, N episodes in flight at once
+                 (run_concurrently); its tokens/s is over the workload's wall time
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+
+from benchmarks.agentic_workloads import Turn, Workload
+from specserve.bench.report import taking_turns
+
+
+@dataclass(frozen=True)
+class Target:
+    label: str
+    url: str
+    ours: bool  # a specserve server: lossless speculation means its outputs equal the others'
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    target: str
+    episode: int
+    turn: int
+    completion_tokens: int
+    seconds: float
+    draft_tokens: int | None  # None: the server does not say (llama-server without timings)
+    accepted_tokens: int | None
+    text: str
+
+
+# (target, system prompt, messages, turn) -> (the response body, seconds it took)
+Chat = Callable[[Target, str | None, list, Turn], tuple[dict, float]]
+
+
+def http_chat(target: Target, system: str | None, messages: list[dict], turn: Turn,
+              max_tokens: int) -> tuple[dict, float]:
+    body = {"max_tokens": max_tokens, "temperature": turn.temperature,
+            "messages": ([{"role": "system", "content": system}] if system else []) + messages}
+    if turn.seed is not None:
+        body["seed"] = turn.seed
+    started = time.perf_counter()
+    response = httpx.post(f"{target.url}/v1/chat/completions", json=body, timeout=600)
+    seconds = time.perf_counter() - started
+    response.raise_for_status()
+    return response.json(), seconds
+
+
+def speculative_counts(body: dict) -> tuple[int | None, int | None]:
+    """(draft tokens, accepted tokens) of one response: specserve's `usage.speculative`, else
+    llama-server's `timings.draft_n` / `draft_n_accepted` (left out when it drafted nothing),
+    else (None, None): the server does not say."""
+    speculative = (body.get("usage") or {}).get("speculative")
+    if speculative:
+        return speculative["draft_tokens"], speculative["accepted_tokens"]
+    timings = body.get("timings")
+    if timings is not None:
+        return timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
+    return None, None
+
+
+def to_record(body: dict, seconds: float, target: Target, episode: int, turn: int) -> TurnRecord:
+    draft, accepted = speculative_counts(body)
+    return TurnRecord(target.label, episode, turn, body["usage"]["completion_tokens"], seconds,
+                      draft, accepted, body["choices"][0]["message"]["content"] or "")
+
+
+def turn_messages(history: list[dict], turn: Turn) -> list[dict]:
+    return (history if turn.history else []) + [{"role": "user", "content": turn.user}]
+
+
+def run_episode(workload: Workload, episode: int, target: Target, chat: Chat) -> list[TurnRecord]:
+    """One episode's turns in order, each re-sending the history its turn asks for."""
+    records, history = [], []
+    for index, turn in enumerate(workload.episodes[episode]):
+        messages = turn_messages(history, turn)
+        record = to_record(*chat(target, workload.system, messages, turn), target, episode, index)
+        history = messages + [{"role": "assistant", "content": record.text}]
+        records.append(record)
+    return records
+
+
+def run_interleaved(workload: Workload, targets: list[Target], chat: Chat) -> list[TurnRecord]:
+    """Batch 1: every target answers a turn before the next; on the workload's n-th request the
+    targets go in taking_turns order (whoever goes first runs a little slower)."""
+    records, request_index = [], 0
+    for episode, turns in enumerate(workload.episodes):
+        histories = {target.label: [] for target in targets}
+        for index, turn in enumerate(turns):
+            for target in taking_turns(targets, request_index):
+                messages = turn_messages(histories[target.label], turn)
+                record = to_record(*chat(target, workload.system, messages, turn), target,
+                                   episode, index)
+                histories[target.label] = messages + [{"role": "assistant", "content": record.text}]
+                records.append(record)
+            request_index += 1
+    return records
+
+
+def run_concurrently(workload: Workload, target: Target, chat: Chat,
+                     concurrency: int) -> tuple[list[TurnRecord], float]:
+    """The whole workload on one target, `concurrency` episodes at a time: (records, wall s)."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        episodes = list(pool.map(lambda episode: run_episode(workload, episode, target, chat),
+                                 range(len(workload.episodes))))
+    wall_s = time.perf_counter() - started
+    return [record for records in episodes for record in records], wall_s
+
+
+def summarize(records: list[TurnRecord], targets: list[Target],
+              wall_seconds: dict[str, float] | None = None) -> dict:
+    """A workload's result: per target its tokens, seconds, tokens/s and acceptance; whether our
+    servers' outputs agreed turn by turn; suffix's tokens/s over every other target's.
+
+    Without `wall_seconds` (batch 1) tokens/s is over the sum of the request latencies; with it
+    (concurrency > 1) over the target's wall time for the whole workload."""
+    result: dict = {"requests": len({(r.episode, r.turn) for r in records}),
+                    "outputs_identical_across_methods": outputs_identical(records, targets)}
+    for target in targets:
+        mine = [r for r in records if r.target == target.label]
+        result[target.label] = target_summary(mine, (wall_seconds or {}).get(target.label))
+    rates = {t.label: result[t.label]["tokens_per_s"] for t in targets}
+    if rates.get("suffix"):
+        for label, rate in rates.items():
+            if label != "suffix" and rate:
+                result[f"suffix_over_{label.replace('-', '_')}"] = round(rates["suffix"] / rate, 3)
+    return result
+
+
+def target_summary(records: list[TurnRecord], wall_s: float | None) -> dict:
+    tokens = sum(r.completion_tokens for r in records)
+    seconds = sum(r.seconds for r in records)
+    elapsed = wall_s if wall_s is not None else seconds
+    counted = [r for r in records if r.draft_tokens is not None]
+    draft = sum(r.draft_tokens for r in counted) if counted else None
+    accepted = sum(r.accepted_tokens for r in counted) if counted else None
+    summary = {"completion_tokens": tokens, "seconds": round(seconds, 3),
+               "tokens_per_s": round(tokens / elapsed, 2) if elapsed > 0 else None,
+               "draft_tokens": draft, "accepted_tokens": accepted,
+               "acceptance_rate": round(accepted / draft, 3) if draft else None}
+    if wall_s is not None:
+        summary["wall_s"] = round(wall_s, 3)
+    return summary
+
+
+def outputs_identical(records: list[TurnRecord], targets: list[Target]) -> bool:
+    """Whether our servers gave the same text on every turn (llama-server's numerics differ)."""
+    ours = {t.label for t in targets if t.ours}
+    texts: dict[tuple[int, int], set[str]] = {}
+    for record in records:
+        if record.target in ours:
+            texts.setdefault((record.episode, record.turn), set()).add(record.text)
+    return all(len(variants) == 1 for variants in texts.values())

@@ -1,0 +1,141 @@
+"""The servers benchmarks/agentic.py compares: one `specserve serve` per speculative method, and
+optionally llama.cpp's own `llama-server` with its n-gram cache (and without speculation), all
+started before the first request and ended with the benchmark.
+
+llama-server gets as many slots as the benchmark has episodes in flight (-np), with 2048 tokens
+of context per slot and at least 8192 in all, so that at concurrency N it serves N requests at
+once as our servers do; at batch 1 that is `-np 1 -c 8192`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.agentic_run import Target
+
+STARTUP_TIMEOUT_S = 600
+LLAMA_NGRAM_CACHE = "llama-server-ngram-cache"
+LLAMA_PLAIN = "llama-server"
+LLAMA_CONTEXT_PER_SLOT = 2048
+LLAMA_MIN_CONTEXT = 8192
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: all bound at once, so the OS cannot hand one out twice."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def specserve_command(method: str, port: int, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "server", "serve", "--port", str(port), "--log-level", "warning",
+            "--speculative-method", method, *extra]
+
+
+def llama_server_command(binary: str, model: str, port: int, threads: int, concurrency: int,
+                         ngram_cache: bool) -> list[str]:
+    slots = max(1, concurrency)
+    command = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port),
+               "-t", str(threads), "-tb", str(threads), "-np", str(slots),
+               "-c", str(max(LLAMA_MIN_CONTEXT, LLAMA_CONTEXT_PER_SLOT * slots)),
+               "--no-webui", "--jinja"]
+    if ngram_cache:
+        command += ["--spec-type", "ngram-cache", "--spec-draft-n-max", "16"]
+    return command
+
+
+def default_gguf() -> str:
+    from engine.models.loader import default_model_path
+
+    return str(default_model_path())
+
+
+class Servers:
+    """Launches commands, each on its own port with its own log; all end when Python exits."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.targets: list[Target] = []
+        self.commands: dict[str, str] = {}
+        atexit.register(self.stop)
+        # `timeout` or `kill` sends SIGTERM, which skips atexit. The servers end first, so that
+        # requests in flight fail at once instead of holding the exit.
+        signal.signal(signal.SIGTERM, self._end_on_signal)
+
+    def launch(self, label: str, command: list[str], port: int, ours: bool,
+               env: dict[str, str] | None = None) -> None:
+        log = open(self.log_dir / f"agentic_{label}.log", "w")
+        self.processes[label] = subprocess.Popen(command, stdout=log, stderr=log,
+                                                 env={**os.environ, **(env or {})})
+        self.targets.append(Target(label, f"http://127.0.0.1:{port}", ours))
+        prefix = " ".join(f"{key}={value}" for key, value in (env or {}).items())
+        self.commands[label] = f"{prefix} {' '.join(command)}".strip()
+
+    def wait_healthy(self) -> None:
+        """Returns once every server answers /health with 200 (llama-server answers 503 while
+        it loads); exits naming the server that died or took longer than STARTUP_TIMEOUT_S."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for target in self.targets:
+            while not _healthy(target.url):
+                process = self.processes[target.label]
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"{target.label} did not start: see "
+                                     f"{self.log_dir}/agentic_{target.label}.log")
+                time.sleep(0.5)
+
+    def _end_on_signal(self, signum, frame) -> None:
+        self.stop()
+        sys.exit(128 + signum)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def start_all(methods: list[str], server_args: list[str], log_dir: Path, llama_binary: str | None,
+              llama_plain: bool, llama_threads: int, concurrency: int) -> Servers:
+    """Our servers with the environment they always had (threads as the machine gives them),
+    then the llama-servers asked for; returns once all are healthy."""
+    servers = Servers(log_dir)
+    wanted = [(LLAMA_NGRAM_CACHE, True)] + ([(LLAMA_PLAIN, False)] if llama_plain else [])
+    wanted = wanted if llama_binary else []
+    ports = free_ports(len(methods) + len(wanted))
+    for method, port in zip(methods, ports):
+        servers.launch(method, specserve_command(method, port, server_args), port, ours=True)
+    if wanted:
+        model = default_gguf()
+        for (label, ngram_cache), port in zip(wanted, ports[len(methods):]):
+            command = llama_server_command(llama_binary, model, port, llama_threads, concurrency,
+                                           ngram_cache)
+            servers.launch(label, command, port, ours=False,
+                           env={"OMP_NUM_THREADS": str(llama_threads)})
+    servers.wait_healthy()
+    return servers
