@@ -35,7 +35,7 @@ from benchmarks.agentic_workloads import (DEFAULT_REPEATS, WORKLOAD_NAMES,
 from benchmarks.machine import cpu_model, our_versions
 from specserve.bench.report import emit, taking_turns
 
-METHODS = ("none", "ngram", "suffix")
+METHODS = ("none", "ngram", "suffix", "auto")
 
 
 def run_workload(workload: Workload, targets: list[Target], chat: Chat, concurrency: int,

@@ -39,7 +39,12 @@ class TurnRecord:
     draft_tokens: int | None  # None: the server does not say (llama-server without timings)
     accepted_tokens: int | None
     text: str
+    sampled: bool = False  # the turn's temperature was above 0
 
+
+# Methods that may draft from the EAGLE head, whose drafts are sampled from its distribution.
+SAMPLES_ITS_DRAFTS = ("auto", "eagle")
+RATIOS_OF = ("suffix", "auto")  # the methods whose tokens/s is divided by every other target's
 
 # (target, system prompt, messages, turn) -> (the response body, seconds it took)
 Chat = Callable[[Target, str | None, list, Turn], tuple[dict, float]]
@@ -71,10 +76,11 @@ def speculative_counts(body: dict) -> tuple[int | None, int | None]:
     return None, None
 
 
-def to_record(body: dict, seconds: float, target: Target, episode: int, turn: int) -> TurnRecord:
+def to_record(body: dict, seconds: float, target: Target, episode: int, turn: int,
+              sampled: bool = False) -> TurnRecord:
     draft, accepted = speculative_counts(body)
     return TurnRecord(target.label, episode, turn, body["usage"]["completion_tokens"], seconds,
-                      draft, accepted, body["choices"][0]["message"]["content"] or "")
+                      draft, accepted, body["choices"][0]["message"]["content"] or "", sampled)
 
 
 def turn_messages(history: list[dict], turn: Turn) -> list[dict]:
@@ -86,7 +92,8 @@ def run_episode(workload: Workload, episode: int, target: Target, chat: Chat) ->
     records, history = [], []
     for index, turn in enumerate(workload.episodes[episode]):
         messages = turn_messages(history, turn)
-        record = to_record(*chat(target, workload.system, messages, turn), target, episode, index)
+        record = to_record(*chat(target, workload.system, messages, turn), target, episode, index,
+                           turn.temperature > 0)
         history = messages + [{"role": "assistant", "content": record.text}]
         records.append(record)
     return records
@@ -102,7 +109,7 @@ def run_interleaved(workload: Workload, targets: list[Target], chat: Chat) -> li
             for target in taking_turns(targets, request_index):
                 messages = turn_messages(histories[target.label], turn)
                 record = to_record(*chat(target, workload.system, messages, turn), target,
-                                   episode, index)
+                                   episode, index, turn.temperature > 0)
                 histories[target.label] = messages + [{"role": "assistant", "content": record.text}]
                 records.append(record)
             request_index += 1
@@ -123,7 +130,7 @@ def run_concurrently(workload: Workload, target: Target, chat: Chat,
 def summarize(records: list[TurnRecord], targets: list[Target],
               wall_seconds: dict[str, float] | None = None) -> dict:
     """A workload's result: per target its tokens, seconds, tokens/s and acceptance; whether our
-    servers' outputs agreed turn by turn; suffix's tokens/s over every other target's.
+    servers' outputs agreed turn by turn; suffix's and auto's tokens/s over every other target's.
 
     Without `wall_seconds` (batch 1) tokens/s is over the sum of the request latencies; with it
     (concurrency > 1) over the target's wall time for the whole workload."""
@@ -133,10 +140,12 @@ def summarize(records: list[TurnRecord], targets: list[Target],
         mine = [r for r in records if r.target == target.label]
         result[target.label] = target_summary(mine, (wall_seconds or {}).get(target.label))
     rates = {t.label: result[t.label]["tokens_per_s"] for t in targets}
-    if rates.get("suffix"):
-        for label, rate in rates.items():
-            if label != "suffix" and rate:
-                result[f"suffix_over_{label.replace('-', '_')}"] = round(rates["suffix"] / rate, 3)
+    for measured in RATIOS_OF:
+        if rates.get(measured):
+            for label, rate in rates.items():
+                if label != measured and rate:
+                    result[f"{measured}_over_{label.replace('-', '_')}"] = \
+                        round(rates[measured] / rate, 3)
     return result
 
 
@@ -157,10 +166,12 @@ def target_summary(records: list[TurnRecord], wall_s: float | None) -> dict:
 
 
 def outputs_identical(records: list[TurnRecord], targets: list[Target]) -> bool:
-    """Whether our servers gave the same text on every turn (llama-server's numerics differ)."""
+    """Whether our servers gave the same text on every turn (llama-server's numerics differ).
+    A sampled turn is compared only between methods whose drafts are one-hot: the EAGLE head's
+    drafts are sampled, so with a seed they keep the law, not the tokens."""
     ours = {t.label for t in targets if t.ours}
     texts: dict[tuple[int, int], set[str]] = {}
     for record in records:
-        if record.target in ours:
+        if record.target in ours and not (record.sampled and record.target in SAMPLES_ITS_DRAFTS):
             texts.setdefault((record.episode, record.turn), set()).add(record.text)
     return all(len(variants) == 1 for variants in texts.values())

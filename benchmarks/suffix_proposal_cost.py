@@ -72,7 +72,8 @@ def main() -> None:
     parser.add_argument("--cpu", default="unnamed", help="the CPU, for the record")
     args = parser.parse_args()
     cases = [run(p, o, c, k, seed=i) for i, (p, o, c, k) in enumerate(
-        [(200, 256, 0, 5), (1000, 256, 100, 5), (4000, 256, 200, 5), (1000, 256, 100, 8)])]
+        [(200, 256, 0, 5), (1000, 256, 100, 5), (4000, 256, 200, 5), (1000, 256, 100, 8),
+         (1000, 256, 100, 15), (4000, 256, 200, 15)])]  # 15: suffix's default K
     emit({"benchmark": "suffix_proposal_cost", "cpu": args.cpu, "cases": cases}, args.output)
 
 

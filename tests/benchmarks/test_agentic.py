@@ -61,6 +61,25 @@ def test_summarize_flags_our_outputs_differing():
     assert summarize(records, [OURS[0], OURS[2]])["outputs_identical_across_methods"] is False
 
 
+def test_sampled_turns_compare_one_hot_drafters_only():
+    """auto may draft from the EAGLE head, whose drafts are sampled: a seed keeps the law, not
+    the tokens, so its sampled text may differ; suffix's may not, nor auto's greedy text."""
+    auto = Target("auto", "http://e", True)
+
+    def texts(auto_text, suffix_text, sampled):
+        return [TurnRecord("none", 0, 0, 5, 1.0, None, None, "a", sampled),
+                TurnRecord("suffix", 0, 0, 5, 1.0, 1, 1, suffix_text, sampled),
+                TurnRecord("auto", 0, 0, 5, 1.0, 1, 1, auto_text, sampled)]
+
+    def identical(records):
+        return summarize(records, OURS[::2] + [auto])["outputs_identical_across_methods"]
+
+    assert identical(texts("b", "a", sampled=True)) is True
+    assert identical(texts("a", "b", sampled=True)) is False
+    assert identical(texts("b", "a", sampled=False)) is False
+    assert summarize(texts("a", "a", True), OURS[::2] + [auto])["auto_over_none"] == 1.0
+
+
 def test_summarize_at_concurrency_divides_by_wall_time():
     records = [record("none", e, 0, 10, 2.0) for e in range(4)] + \
               [record("suffix", e, 0, 10, 1.0) for e in range(4)]

@@ -238,3 +238,41 @@ def test_padded_steps_fill_the_rows_that_are_padded_anyway():
     # Expensive rows (a CPU): no depth pays.
     costly = make_controller(fixed=0.028, per_token=0.009)
     assert costly.plan(requests, [MAX_K] * 16, 16, padded_tokens=_padded(16)) == [0] * 16
+
+
+class _TimedModel:
+    """A stand-in forward that takes fixed + per_row * rows seconds, `slow_calls` of them 3x as
+    long (a server starting beside others, a build running)."""
+
+    def __init__(self, fixed: float, per_row: float, slow_calls: set[int]):
+        self.fixed, self.per_row, self.slow_calls, self.calls = fixed, per_row, slow_calls, 0
+
+    def __call__(self, ids, positions, kv_cache, meta, rows):
+        import time
+
+        import torch
+
+        slow = 3.0 if self.calls in self.slow_calls else 1.0
+        self.calls += 1
+        time.sleep(slow * (self.fixed + self.per_row * ids.shape[0]))
+        return torch.zeros(1)
+
+
+def test_the_start_up_cost_fit_takes_the_fastest_timings():
+    import torch
+
+    from engine.spec_decode.factory import measure_step_cost
+
+    class Blocks:
+        num_blocks = 64
+
+    fixed, per_row = 0.02, 0.002
+    # one call of each row count slowed 3x: the fit still finds the line
+    model = _TimedModel(fixed, per_row, slow_calls={1, 2, 3})
+    cost = measure_step_cost(model, Blocks(), 16, torch.device("cpu"))
+    assert cost.per_unit == pytest.approx(per_row, rel=0.25)
+    assert cost.fixed == pytest.approx(fixed, rel=0.25)
+    # negative control: where every call is slow, so is the fit
+    slowed = measure_step_cost(_TimedModel(fixed, per_row, set(range(10))), Blocks(), 16,
+                               torch.device("cpu"))
+    assert slowed.per_unit > 2 * per_row
