@@ -22,7 +22,7 @@ from engine.spec_decode.controller import LinearCostModel, ModelDraftCost
 from engine.spec_decode.eagle import EagleProposer
 from engine.spec_decode.ngram import NgramLookup, ValidPrefix
 from engine.spec_decode.proposer import Proposal, Proposer
-from engine.spec_decode.suffix import SuffixProposer
+from engine.spec_decode.suffix import SuffixProposer, chain_prior
 
 HEAD = "eagle"
 
@@ -70,7 +70,7 @@ class AutoProposer(Proposer):
                  trackers: dict[str, AcceptanceTracker]) -> list[tuple[str, list[int]]]:
         chain = self.suffix.best_draft(request, k)
         # The chain's confidence is the suffix tracker's prior, as with `suffix` alone.
-        trackers["suffix"].prior = chain.per_token_probability if chain else 0.0
+        trackers["suffix"].prior = chain_prior(request, chain)
         options = [("suffix", chain.token_ids if chain else []),
                    ("ngram", self.ngram.continuation(request, k))]
         if self.head is not None and request.pending_features:

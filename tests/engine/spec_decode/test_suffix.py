@@ -1,6 +1,8 @@
 """The suffix proposer: drafts from the request's own context and from finished requests of the
 same tenant only; the global cache's bounds."""
 
+import pytest
+
 from engine.config import SpeculativeConfig
 from engine.core.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
@@ -170,3 +172,23 @@ def test_a_long_prompt_is_indexed_from_its_last_tokens_only(monkeypatch):
     late = live([*filler, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3])  # and here within them
     drafts = proposer().propose([early, late], [2, 2]).draft_token_ids
     assert drafts == [[], [4, 5]]
+
+
+def test_the_chains_confidence_is_the_prior_of_greedy_requests_only():
+    suffix = proposer()
+    for _ in range(3):
+        suffix.request_finished(finished(PROMPT, ANSWER))
+    greedy = Request("greedy", list(PROMPT), SamplingParams(temperature=0.0))
+    for token in ANSWER[:2]:
+        greedy.append_output_token(token)
+    sampled = Request("sampled", list(PROMPT), SamplingParams(temperature=0.7, seed=1))
+    for token in ANSWER[:2]:
+        sampled.append_output_token(token)
+    unmatched = live([900, 901, 902])
+    suffix.prepare([greedy, sampled, unmatched], [4, 4, 4])
+    # seen three times: 3 of (3 + 1) at every step of the chain
+    assert greedy.acceptance.prior == pytest.approx(0.75)
+    assert sampled.acceptance.prior is None  # the controller's default prior
+    assert unmatched.acceptance.prior == 0.0  # nothing to verify
+    drafts = suffix.propose([greedy, sampled, unmatched], [4, 2, 4]).draft_token_ids
+    assert drafts == [ANSWER[2:6], ANSWER[2:4], []]

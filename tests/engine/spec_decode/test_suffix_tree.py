@@ -88,7 +88,8 @@ def test_draft_follows_the_likeliest_continuation_and_stops_below_min_prob():
     assert draft.token_ids == [4, 5, 6] and draft.match_length == 3
     assert draft.score == pytest.approx(3 * 0.75)
     assert draft.path_probability == pytest.approx(0.75)
-    assert draft.per_token_probability == pytest.approx(0.75 ** (1 / 3))
+    # smoothed: 3 of 4 (+1) at the split, then 3 of 3 (+1) twice
+    assert draft.prior_acceptance == pytest.approx((3 / 5 * 3 / 4 * 3 / 4) ** (1 / 3))
     # the 3:1 split is below a 0.8 threshold: no draft
     assert draft_from(trie, matched, context, 3, 1.0, 0.8) is None
     # max_spec_factor: a one-token match drafts at most half a token, rounded up to one
