@@ -130,8 +130,12 @@ class SpeculationController:
              num_other_tokens: int,
              padded_tokens: Callable[[int], int] | None = None,
              free: Sequence[bool] | None = None) -> list[int]:
-        """Draft tokens per request for this step. `num_other_tokens`: tokens fed anyway (each
-        request's last token, other requests' prefill chunks). `padded_tokens`, for a step
+        """Draft tokens per request for this step. `num_other_tokens`: decode rows fed anyway
+        (each request's last token). Other requests' prefill chunks in the same step are left
+        out: their work is paid once per prompt however many steps decoding takes, so it is no
+        part of what a draft saves (a step's fixed cost is, per step); counted as decode rows,
+        a chunk made the step look so slow that any draft seemed to pay, and 16 concurrent
+        agent loops, re-sending their histories, ran at 0.86x `none`. `padded_tokens`, for a step
         that will run padded (static_runner.py): the rows it computes when its longest request
         drafts L tokens. `free[i]`: request i's drafts cost no drafting this step (an EAGLE
         request proposing a copy), only their verified rows."""

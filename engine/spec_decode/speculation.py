@@ -32,9 +32,11 @@ class Speculation:
         requests = [s.request for s in decoding]
         max_ks = [s.num_lookahead for s in decoding]
         self.proposer.prepare(requests, max_ks)
-        # drafts not set yet: num_batched_tokens counts each request's own tokens
         free = [self.proposer.drafts_are_free(r) for r in requests]
-        ks = self.controller.plan(requests, max_ks, plan.num_batched_tokens, padded_tokens, free)
+        # drafts not set yet: num_batched_tokens counts each request's own tokens
+        ks = self.controller.plan(requests, max_ks,
+                                  plan.num_batched_tokens - num_prefill_tokens(plan.scheduled),
+                                  padded_tokens, free)
         constrained = any(r.grammar is not None for r in requests)
         if not any(ks) and not constrained:
             return {}
@@ -86,7 +88,7 @@ class Speculation:
         """After the target step: `emitted` per scheduled request (accepted drafts, then the
         next token); `num_rows`, the rows the forward computed (padding included)."""
         self.proposer.observe_target_step(scheduled, token_row_starts, hidden, emitted)
-        if all(s.num_new_tokens == 1 for s in scheduled):
+        if not num_prefill_tokens(scheduled):
             # Only decode/verify steps teach the cost of a verified token: a prefill chunk's
             # tokens cost a fraction of that per token (one large GEMM), and fitted together
             # they made drafts look ~2x cheaper than they are in a batch.
@@ -101,3 +103,9 @@ class Speculation:
                 self.controller.observe_verification(
                     request, num_guessed,
                     num_accepted - sum(request.forced_drafts[:num_accepted]))
+
+
+def num_prefill_tokens(scheduled: Sequence[ScheduledRequest]) -> int:
+    """Tokens of the step's prefill chunks: every request feeding more than its one new token
+    (drafts are not counted: they are set after planning, and verify rows are decode rows)."""
+    return sum(s.num_new_tokens for s in scheduled if s.num_new_tokens > 1)

@@ -276,3 +276,30 @@ def test_the_start_up_cost_fit_takes_the_fastest_timings():
     slowed = measure_step_cost(_TimedModel(fixed, per_row, set(range(10))), Blocks(), 16,
                                torch.device("cpu"))
     assert slowed.per_unit > 2 * per_row
+
+
+def test_a_prefill_chunk_in_the_step_does_not_make_drafts_look_cheap():
+    """A chunk's work is paid once per prompt, whatever decoding does: the drafts planned beside
+    one are those planned without it. Counted as decode rows (the negative control), a 256-token
+    chunk made the step look so slow that drafts at 0.5 acceptance seemed to pay."""
+    from engine.core.scheduler import ScheduledRequest, SchedulerOutput
+    from engine.spec_decode.ngram import NgramProposer
+    from engine.spec_decode.speculation import Speculation
+
+    def planned(with_chunk: bool, chunk_as_decode: bool = False) -> list[int]:
+        controller = make_controller(fixed=5e-3, per_token=1e-3)
+        controller.max_k = MAX_K
+        decoding = [ScheduledRequest(Request(f"d{i}", [1, 2, 1, 2, 1], SamplingParams()), 1,
+                                     True, MAX_K) for i in range(16)]
+        chunk = [ScheduledRequest(Request("p", list(range(300)), SamplingParams()), 256, False)]
+        plan = SchedulerOutput(decoding + (chunk if with_chunk else []))
+        if chunk_as_decode:  # what the planner was told before
+            original = controller.plan
+            controller.plan = lambda requests, ks, other, *rest: original(
+                requests, ks, plan.num_batched_tokens, *rest)
+        Speculation(NgramProposer(), controller).propose(plan, None)
+        return [len(s.request.draft_token_ids) for s in decoding]
+
+    alone = planned(with_chunk=False)
+    assert planned(with_chunk=True) == alone
+    assert sum(planned(with_chunk=True, chunk_as_decode=True)) > sum(alone)
