@@ -22,6 +22,12 @@ from engine.core.request import Request
 from engine.metrics.spec_stats import PRIOR_ACCEPTANCE
 
 COST_DECAY = 0.98  # per observation for the step-time fit
+# How precisely the online data must pin the slope (its standard error, as a share of the slope)
+# before the fit takes it; less precise, the fit keeps its slope and moves only its intercept. At
+# a steady 16 requests nearly every step feeds 16 rows, and a slope fitted on them and a rare
+# 17-row probe was noise, once 1.7 ms a row with no fixed part, and then no draft paid. At batch 1
+# the same probes against 1-row steps pin it well (steps vary far less than a row's cost).
+MAX_SLOPE_ERROR = 0.25
 MIN_DRAFT_GAIN = 0.02  # expected tokens below which a draft position is not even reserved
 # Steps without a draft after which one draft goes out anyway. The cost fit learns a verified
 # token's price only from steps that feed more tokens than they have requests; with drafting off
@@ -35,21 +41,35 @@ class LinearCostModel:
 
     def __init__(self, fixed: float, per_unit: float):
         self.fixed, self.per_unit = fixed, per_unit
-        self._sums = [0.0] * 5  # weight, n, t, n*n, n*t
+        self._sums = [0.0] * 6  # weight, n, t, n*n, n*t, t*t
 
     def observe(self, n: float, seconds: float) -> None:
-        w, sn, st, snn, snt = (v * COST_DECAY for v in self._sums)
-        self._sums = [w + 1, sn + n, st + seconds, snn + n * n, snt + n * seconds]
-        w, sn, st, snn, snt = self._sums
-        spread = w * snn - sn * sn
-        if w >= 3 and spread > 1e-9 * max(w * snn, 1.0):
-            per_unit = (w * snt - sn * st) / spread
+        w, sn, st, snn, snt, stt = (v * COST_DECAY for v in self._sums)
+        self._sums = [w + 1, sn + n, st + seconds, snn + n * n, snt + n * seconds,
+                      stt + seconds * seconds]
+        per_unit = self._precise_slope()
+        w, sn, st = self._sums[:3]
+        if per_unit is not None:
             fixed = (st - per_unit * sn) / w
-            if per_unit >= 0 and fixed >= 0:
+            if fixed >= 0:
                 self.fixed, self.per_unit = fixed, per_unit
                 return
-        # Not enough spread in n yet: keep the slope, move the intercept to the data.
+        # The data does not pin a slope yet: keep the slope, move the intercept to the data.
         self.fixed = max(st / w - self.per_unit * sn / w, 0.0)
+
+    def _precise_slope(self) -> float | None:
+        """The least-squares slope, where its standard error is within MAX_SLOPE_ERROR of it."""
+        w, sn, st, snn, snt, stt = self._sums
+        if w < 3:
+            return None
+        sxx, sxy, syy = snn - sn * sn / w, snt - sn * st / w, stt - st * st / w
+        if sxx <= 1e-9 * max(snn, 1.0):
+            return None
+        slope = sxy / sxx
+        residual = max(syy - slope * sxy, 0.0) / max(w - 2, 1e-9)
+        if slope < 0 or (residual / sxx) ** 0.5 > MAX_SLOPE_ERROR * slope:
+            return None
+        return slope
 
     def __call__(self, n: float) -> float:
         return self.fixed + self.per_unit * n

@@ -303,3 +303,27 @@ def test_a_prefill_chunk_in_the_step_does_not_make_drafts_look_cheap():
     alone = planned(with_chunk=False)
     assert planned(with_chunk=True) == alone
     assert sum(planned(with_chunk=True, chunk_as_decode=True)) > sum(alone)
+
+
+def test_a_steady_batch_does_not_refit_the_slope_on_noise(monkeypatch):
+    """16 requests feed 16 rows nearly every step, a probe now and then 17; steps vary by a
+    few ms (a step's noise outweighs a row's cost). The slope stays where the start-up measured it and the intercept follows the steps;
+    taking the least-squares slope of such data (the negative control) gives nonsense."""
+    import random
+
+    from engine.spec_decode import controller as module
+
+    def fit(max_error: float) -> LinearCostModel:
+        monkeypatch.setattr(module, "MAX_SLOPE_ERROR", max_error)
+        rng = random.Random(2)
+        cost = LinearCostModel(fixed=0.0055, per_unit=0.001)
+        for step in range(400):
+            rows = 17 if step % 32 == 31 else 16
+            cost.observe(rows, 0.012 + 0.001 * rows + rng.uniform(-0.006, 0.006))
+        return cost
+
+    steady = fit(module.MAX_SLOPE_ERROR)
+    assert steady.per_unit == 0.001
+    assert steady(16) == pytest.approx(0.028, abs=0.001)
+    noisy = fit(float("inf"))
+    assert abs(noisy.per_unit - 0.001) > 0.0003  # 0.49 ms a row with this seed
