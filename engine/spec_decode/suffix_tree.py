@@ -199,10 +199,14 @@ def draft_from(trie: SuffixTrie, matched: Sequence[int], tail: Sequence[int], nu
     limit = min(num_tokens, max(1, int(max_spec_factor * length)))
     token_ids: list[int] = []
     probability, smoothed, score = 1.0, 1.0, 0.0
+    depth = length  # of `node`'s substring
     while len(token_ids) < limit:
         child = best[node]
-        if child < 0:  # the deepest substring the trie holds: shorten the context, go on
-            node = _reanchor(trie, tail, token_ids)
+        if child < 0:
+            if depth < trie.max_depth:
+                break  # nothing ever followed this substring
+            # The deepest substring the trie holds: shorten the context, go on.
+            node, depth = _reanchor(trie, tail, token_ids)
             if node < 0:
                 break
             child = best[node]
@@ -213,14 +217,14 @@ def draft_from(trie: SuffixTrie, matched: Sequence[int], tail: Sequence[int], nu
         smoothed *= counts[child] / (counts[node] + 1)
         token_ids.append(tokens[child])
         score += probability
-        node = child
+        node, depth = child, depth + 1
     return Draft(token_ids, score, length, probability, smoothed) if token_ids else None
 
 
-def _reanchor(trie: SuffixTrie, tail: Sequence[int], drafted: list[int]) -> int:
-    """The node of the longest suffix of `tail + drafted`, at most 2/3 of the depth (room to
-    draft a third of it before the next re-anchoring), that has a continuation; -1 if none. Walks
-    from the root: O(depth) lookups, once every ~depth/3 drafted tokens."""
+def _reanchor(trie: SuffixTrie, tail: Sequence[int], drafted: list[int]) -> tuple[int, int]:
+    """(node, depth) of the longest suffix of `tail + drafted`, at most 2/3 of the depth (room
+    to draft a third of it before the next re-anchoring), that has a continuation; (-1, 0) if
+    none. Walks from the root: O(depth) lookups, once every ~depth/3 drafted tokens."""
     edges = trie.edges
     window = [*tail, *drafted][-(2 * trie.max_depth // 3):]
     for start in range(len(window)):
@@ -230,5 +234,5 @@ def _reanchor(trie: SuffixTrie, tail: Sequence[int], drafted: list[int]) -> int:
             if node < 0:
                 break
         if node > ROOT and trie.best[node] >= 0:
-            return node
-    return NO_CHILD
+            return node, len(window) - start
+    return NO_CHILD, 0
