@@ -87,22 +87,26 @@ class AutoProposer(Proposer):
             seconds += self.head_cost(num_drafts, num_drafts)
         return (1 + expected_gain(acceptance, num_drafts)) / seconds
 
+    def _source(self, request: Request) -> str | None:
+        """This step's source for the request; None for one `prepare` chose nothing for (a
+        grammar request: it drafts in between forced tokens, from the lookups)."""
+        chosen = self._chosen.get(request.request_id)
+        return chosen[0] if chosen else None
+
     def drafts_are_free(self, request: Request) -> bool:
-        return self._chosen.get(request.request_id, ("", []))[0] != HEAD
+        return self._source(request) != HEAD
 
     def method_of(self, request: Request) -> str:
-        return self._chosen.get(request.request_id, ("suffix", []))[0]
+        return self._source(request) or "suffix"
 
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Proposal:
-        chosen = self._chosen
-        head_ks = [k if chosen.get(r.request_id, ("", []))[0] == HEAD else 0
-                   for r, k in zip(requests, num_tokens)]
+        head_ks = [k if self._source(r) == HEAD else 0 for r, k in zip(requests, num_tokens)]
         if self.head is not None and any(head_ks):
             proposal = self.head.propose(requests, head_ks)
         else:
             proposal = Proposal([[] for _ in requests])
         for i, (request, k) in enumerate(zip(requests, num_tokens)):
-            source, draft = chosen.get(request.request_id, (HEAD, []))
+            source, draft = self._chosen.get(request.request_id, (None, []))
             if source != HEAD:
                 proposal.draft_token_ids[i] = draft[:max(k, 0)]
         return proposal

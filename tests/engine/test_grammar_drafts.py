@@ -61,7 +61,7 @@ def test_forced_tokens_come_first_and_the_budgets_hold(toy_compiler):
     assert matcher.forced_tokens() == [4]
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "auto"])
 def test_lookup_steps_mix_forced_and_guessed_drafts_and_stay_lossless(method, plain_structured,
                                                                       monkeypatch):
     from engine.spec_decode import speculation
