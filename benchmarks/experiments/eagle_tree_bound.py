@@ -35,7 +35,7 @@ import torch
 
 from benchmarks.spec_matrix import method_options
 from engine import LLM, SamplingParams
-from engine.spec_decode.controller import LinearCostModel
+from engine.spec_decode.step_cost import LinearCostModel
 from specserve.bench.report import emit
 from specserve.bench.workloads import KINDS, encode, load_workloads
 
@@ -81,7 +81,8 @@ class Recorder:
 
         proposer._pick_drafts, proposer._draft, controller.plan = picking, drafting, planning
         proposer.observe_target_step = observing
-        controller.observe_step = lambda n, s: (self.step_fit.observe(n, s), observe_step(n, s))
+        controller.observe_step = lambda n, row_keys, request_keys, s: (
+            self.step_fit.observe(n, s), observe_step(n, row_keys, request_keys, s))
 
     def _score(self, emitted: list[int]) -> None:
         """Depth d is scored where drafts 1..d-1 were accepted: emitted[d-1] is then the

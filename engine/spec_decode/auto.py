@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from engine.core.request import Request
 from engine.metrics.spec_stats import PRIOR_ACCEPTANCE, AcceptanceTracker
-from engine.spec_decode.controller import LinearCostModel, ModelDraftCost
+from engine.spec_decode.step_cost import LinearCostModel, ModelDraftCost
 from engine.spec_decode.eagle import EagleProposer
 from engine.spec_decode.ngram import NgramLookup, ValidPrefix
 from engine.spec_decode.proposer import Proposal, Proposer
@@ -59,7 +59,8 @@ class AutoProposer(Proposer):
                 continue
             trackers = _trackers(request, self.head.head_prior if self.head else None)
             options = self._options(request, k, trackers)
-            source, draft = max(options, key=lambda option: self._rate(*option, trackers, k))
+            source, draft = max(options, key=lambda option: self._rate(request, *option,
+                                                                        trackers, k))
             for other, tracker in trackers.items():
                 if other != source:
                     tracker.decay()
@@ -77,12 +78,13 @@ class AutoProposer(Proposer):
             options.append((HEAD, []))
         return options
 
-    def _rate(self, source: str, draft: list[int], trackers: dict[str, AcceptanceTracker],
-              k: int) -> float:
+    def _rate(self, request: Request, source: str, draft: list[int],
+              trackers: dict[str, AcceptanceTracker], k: int) -> float:
         """Expected tokens per second of this request's step with the source's draft."""
         acceptance = trackers[source].estimate()
         num_drafts = k if source == HEAD else len(draft)
-        seconds = self.step_cost(1 + num_drafts)
+        seconds = self.step_cost(self.step_cost.request_units(request.num_computed_tokens,
+                                                              1 + num_drafts))
         if source == HEAD:
             seconds += self.head_cost(num_drafts, num_drafts)
         return (1 + expected_gain(acceptance, num_drafts)) / seconds

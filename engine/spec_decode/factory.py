@@ -14,18 +14,19 @@ from engine.core.kv_cache import KVCache
 from engine.metrics.spec_stats import PRIOR_ACCEPTANCE
 from engine.models.loader import cache_dir, load_model
 from engine.spec_decode.auto import AutoProposer
-from engine.spec_decode.controller import (
-    DraftCost,
-    LinearCostModel,
-    ModelDraftCost,
-    SpeculationController,
-)
+from engine.spec_decode.controller import SpeculationController
 from engine.spec_decode.eagle import EagleProposer
 from engine.spec_decode.eagle_head import load_head
 from engine.spec_decode.layer_skip import calibration_cache_file, choose_layers
 from engine.spec_decode.model_drafter import ModelDrafter
 from engine.spec_decode.ngram import NgramLookup, NgramProposer
 from engine.spec_decode.proposer import Proposer
+from engine.spec_decode.step_cost import (
+    DraftCost,
+    LinearCostModel,
+    ModelDraftCost,
+    measure_step_cost,
+)
 from engine.spec_decode.suffix import build_suffix_proposer
 
 logger = logging.getLogger(__name__)
@@ -154,36 +155,3 @@ def load_draft_model(path: str, engine):
             f"{loaded.model.arch.vocab_size} logits, {len(draft_vocab)} tokens; target: "
             f"{engine.vocab_size} logits, {len(target_vocab)} tokens)")
     return loaded.model
-
-
-# Rows a start-up step is timed at: verify steps of one request (up to 16 rows, the CPU's batched
-# path; a 32-row single sequence would be timed as a prefill chunk, another code path).
-COST_ROWS = (1, 4, 16)
-COST_REPEATS = 3  # per row count; the fastest counts
-
-
-def measure_step_cost(model, kv_cache, block_size: int, device) -> LinearCostModel:
-    """Times forwards of 1, 4 and 16 tokens (KV written to the first blocks, which hold nothing
-    yet) and fits t(n) = fixed + per_token * n through the fastest of each. The fastest, not the
-    mean: servers started together, or a build beside them, slowed single timings by 2-3x, and a
-    slope fitted on them kept `ngram` from drafting for hundreds of steps (the fit forgets them
-    slowly, and steps without drafts teach it no slope)."""
-    cost = LinearCostModel(fixed=0.05, per_unit=0.001)
-    fastest: dict[int, float] = {}
-    for num_tokens in (COST_ROWS[0], *COST_ROWS * COST_REPEATS):  # the first warms caches up
-        num_blocks = -(-num_tokens // block_size)
-        if num_blocks > kv_cache.num_blocks:
-            break
-        meta = build_attention_metadata([num_tokens], [num_tokens], [list(range(num_blocks))],
-                                        block_size, device)
-        ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
-        start = time.perf_counter()
-        model(ids, torch.arange(num_tokens, device=device), kv_cache, meta,
-              torch.tensor([num_tokens - 1], device=device)).cpu()
-        seconds = time.perf_counter() - start
-        fastest[num_tokens] = min(fastest.get(num_tokens, seconds), seconds)
-    for _ in range(2):  # the fit needs a weight of 3 before it sets a slope
-        for num_tokens, seconds in fastest.items():
-            cost.observe(num_tokens, seconds)
-    logger.info("step cost: %.1f ms + %.2f ms per token", cost.fixed * 1e3, cost.per_unit * 1e3)
-    return cost

@@ -14,6 +14,7 @@ from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.grammar.drafts import constrain_drafts, interleave_drafts
 from engine.spec_decode.controller import SpeculationController
 from engine.spec_decode.proposer import Proposal, Proposer
+from engine.spec_decode.step_cost import attended_keys
 
 
 class Speculation:
@@ -33,9 +34,9 @@ class Speculation:
         max_ks = [s.num_lookahead for s in decoding]
         self.proposer.prepare(requests, max_ks)
         free = [self.proposer.drafts_are_free(r) for r in requests]
-        # drafts not set yet: num_batched_tokens counts each request's own tokens
+        # drafts not set yet: the decode rows are each request's own token
         ks = self.controller.plan(requests, max_ks,
-                                  plan.num_batched_tokens - num_prefill_tokens(plan.scheduled),
+                                  self._decode_units(plan.scheduled),
                                   padded_tokens, free)
         constrained = any(r.grammar is not None for r in requests)
         if not any(ks) and not constrained:
@@ -92,7 +93,11 @@ class Speculation:
             # Only decode/verify steps teach the cost of a verified token: a prefill chunk's
             # tokens cost a fraction of that per token (one large GEMM), and fitted together
             # they made drafts look ~2x cheaper than they are in a batch.
-            self.controller.observe_step(num_rows, seconds)
+            rows = [s.num_new_tokens + len(s.request.draft_token_ids) for s in scheduled]
+            starts = [s.request.num_computed_tokens for s in scheduled]
+            self.controller.observe_step(
+                num_rows, sum(attended_keys(p, n) for p, n in zip(starts, rows)),
+                sum(p + n for p, n in zip(starts, rows)), seconds)
         for s, tokens in zip(scheduled, emitted):
             request: Request = s.request
             # Forced drafts say nothing of the proposer's acceptance; a rejection is always of
@@ -103,6 +108,15 @@ class Speculation:
                 self.controller.observe_verification(
                     request, num_guessed,
                     num_accepted - sum(request.forced_drafts[:num_accepted]))
+
+
+    def _decode_units(self, scheduled: Sequence[ScheduledRequest]) -> float:
+        """What a step's decode rows cost in the step-cost model's row units: each request's
+        fed token, its attention and its cache read. Prefill chunks are left out (see
+        SpeculationController.plan)."""
+        price = self.controller.step_cost
+        return sum(price.request_units(s.request.num_computed_tokens, 1)
+                   for s in scheduled if s.num_new_tokens == 1)
 
 
 def num_prefill_tokens(scheduled: Sequence[ScheduledRequest]) -> int:

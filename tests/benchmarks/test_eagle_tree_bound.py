@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.experiments.eagle_tree_bound import TOP_K, Recorder, best_chain, best_tree, rank_rates
-from engine.spec_decode.controller import LinearCostModel
+from engine.spec_decode.step_cost import LinearCostModel
 
 
 def test_the_best_tree_takes_the_likeliest_nodes_by_path_probability():

@@ -260,7 +260,8 @@ def test_the_controller_learns_step_cost_from_decode_and_verify_steps_only(tiny_
     observed = []
     controller = llm.engine.controller
     observe = controller.observe_step
-    controller.observe_step = lambda n, seconds: (observed.append(n), observe(n, seconds))
+    controller.observe_step = lambda n, *keys_and_seconds: (observed.append(n),
+                                                          observe(n, *keys_and_seconds))
     prompt = " ".join(["one two three four"] * 30)  # ~120 tokens of prefill
     llm.generate([prompt, prompt + " five"], SamplingParams(max_tokens=8, ignore_eos=True))
     assert observed  # decode steps were observed

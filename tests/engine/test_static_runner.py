@@ -198,7 +198,7 @@ def test_the_controller_prices_padded_steps_by_their_rows(tiny_chat_model_folder
         return step
 
     runner.prepare = spy_prepare
-    controller.observe_step = lambda n, seconds: (observed.append(n), observe_step(n, seconds))
+    controller.observe_step = lambda n, *rest: (observed.append(n), observe_step(n, *rest))
     controller.plan = lambda requests, max_ks, num_other, padded=None, free=None: (
         layouts.append(padded), plan(requests, max_ks, num_other, padded, free))[1]
     llm.generate(PROMPTS, PARAMS)

@@ -9,7 +9,7 @@ from engine.core.request import Request, RequestStatus
 from engine.metrics.spec_stats import AcceptanceTracker
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.auto import AutoProposer, expected_gain
-from engine.spec_decode.controller import LinearCostModel
+from engine.spec_decode.step_cost import LinearCostModel
 from engine.spec_decode.ngram import NgramLookup
 from engine.spec_decode.suffix import build_suffix_proposer
 

@@ -9,12 +9,8 @@ import pytest
 from engine.core.request import Request
 from engine.metrics.spec_stats import PRIOR_ACCEPTANCE
 from engine.sampling_params import SamplingParams
-from engine.spec_decode.controller import (
-    DraftCost,
-    LinearCostModel,
-    ModelDraftCost,
-    SpeculationController,
-)
+from engine.spec_decode.controller import SpeculationController
+from engine.spec_decode.step_cost import DraftCost, LinearCostModel, ModelDraftCost
 
 MAX_K = 4
 
@@ -79,16 +75,16 @@ def test_draft_cost_counts_steps_or_tokens_and_averages_measurements():
 def test_non_adaptive_controller_returns_the_maximum():
     controller = make_controller(fixed=0.01, per_token=1.0, adaptive=False)
     requests = [make_request(str(i)) for i in range(3)]
-    assert controller.plan(requests, [4, 0, 2], num_other_tokens=3) == [4, 0, 2]
+    assert controller.plan(requests, [4, 0, 2], num_other_units=3) == [4, 0, 2]
     assert controller.lookahead(requests[0]) == MAX_K
 
 
 def test_cheap_verification_and_high_acceptance_speculate_up_to_the_maximum():
     controller = make_controller(fixed=1.0, per_token=0.001)
     requests = [trained_request(controller, str(i)) for i in range(3)]
-    assert controller.plan(requests, [4, 2, 0], num_other_tokens=3) == [4, 2, 0]
+    assert controller.plan(requests, [4, 2, 0], num_other_units=3) == [4, 2, 0]
     fresh = [make_request("a"), make_request("b")]  # at the prior: still worth it
-    assert controller.plan(fresh, [4, 4], num_other_tokens=2) == [4, 4]
+    assert controller.plan(fresh, [4, 4], num_other_units=2) == [4, 4]
 
 
 def test_expensive_sequential_drafting_limits_the_draft_length():
@@ -96,7 +92,7 @@ def test_expensive_sequential_drafting_limits_the_draft_length():
     # no longer pays for it, the first (0.6) does.
     controller = make_controller(fixed=1.0, per_token=0.001,
                                  draft_cost=DraftCost(per_step=True, seconds_per_unit=0.3))
-    assert controller.plan([make_request()], [4], num_other_tokens=1) == [1]
+    assert controller.plan([make_request()], [4], num_other_units=1) == [1]
 
 
 def test_free_drafts_are_priced_by_their_verification_alone():
@@ -118,7 +114,7 @@ def test_always_rejected_request_stops_speculating_beside_an_always_accepted_one
     good, bad = make_request("good"), make_request("bad")
     good_ks, bad_ks, bad_estimates = [], [], []
     for step in range(120):
-        k_good, k_bad = controller.plan([good, bad], [MAX_K, MAX_K], num_other_tokens=2)
+        k_good, k_bad = controller.plan([good, bad], [MAX_K, MAX_K], num_other_units=2)
         if k_good:
             controller.observe_verification(good, k_good, k_good)
         if k_bad:
@@ -140,9 +136,9 @@ def test_expensive_per_token_verification_switches_speculation_off():
     controller = make_controller(fixed=0.1, per_token=0.01)
     requests = [trained_request(controller, str(i), num_accepted=3) for i in range(64)]
     assert requests[0].acceptance.estimate() == pytest.approx(0.74, abs=0.01)
-    assert controller.plan(requests, [MAX_K] * 64, num_other_tokens=64) == [0] * 64
+    assert controller.plan(requests, [MAX_K] * 64, num_other_units=64) == [0] * 64
     # The same costs and acceptance with one request alone: the fixed cost dominates.
-    assert controller.plan(requests[:1], [MAX_K], num_other_tokens=1) == [MAX_K]
+    assert controller.plan(requests[:1], [MAX_K], num_other_units=1) == [MAX_K]
 
 
 def test_requests_not_speculating_drift_back_towards_the_prior():
@@ -150,7 +146,7 @@ def test_requests_not_speculating_drift_back_towards_the_prior():
     requests = [trained_request(controller, str(i), num_accepted=0) for i in range(64)]
     before = requests[0].acceptance.estimate()
     for _ in range(10):
-        assert controller.plan(requests, [MAX_K] * 64, num_other_tokens=64) == [0] * 64
+        assert controller.plan(requests, [MAX_K] * 64, num_other_units=64) == [0] * 64
     after = requests[0].acceptance.estimate()
     assert before < after < PRIOR_ACCEPTANCE
 
@@ -162,12 +158,12 @@ def _drafting_after_a_bad_slope(probe_every: int) -> list[int]:
     controller = make_controller(fixed=0.004, per_token=0.0005)
     controller.probe_every = probe_every
     for n, seconds in [(1, 0.0045), (2, 0.0085), (1, 0.0045), (2, 0.0085)]:
-        controller.observe_step(n, seconds)
+        controller.observe_step(n, 0, 0, seconds)
     request = trained_request(controller, "r", num_accepted=3)
     planned = []
     for _ in range(300):
-        (k,) = controller.plan([request], [MAX_K], num_other_tokens=1)
-        controller.observe_step(1 + k, 0.004 + 0.0005 * (1 + k))
+        (k,) = controller.plan([request], [MAX_K], num_other_units=1)
+        controller.observe_step(1 + k, 0, 0, 0.004 + 0.0005 * (1 + k))
         if k:
             controller.observe_verification(request, k, min(k, 3))
         planned.append(k)
@@ -215,7 +211,7 @@ def test_padded_steps_price_a_draft_as_padding_every_sequence():
     sure = trained_request(controller, "sure", num_accepted=MAX_K)
     rest = [trained_request(controller, str(i), num_accepted=0) for i in range(15)]
     requests = [sure, *rest]
-    flat = controller.plan(requests, [MAX_K] * 16, num_other_tokens=16)
+    flat = controller.plan(requests, [MAX_K] * 16, num_other_units=16)
     assert flat[0] == MAX_K and not any(flat[1:])
     assert controller.plan(requests, [MAX_K] * 16, 16, padded_tokens=_padded(16)) == [0] * 16
 

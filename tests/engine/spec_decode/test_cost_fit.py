@@ -7,7 +7,8 @@ import pytest
 
 from engine.core.request import Request
 from engine.sampling_params import SamplingParams
-from engine.spec_decode.controller import DraftCost, LinearCostModel, SpeculationController
+from engine.spec_decode.controller import SpeculationController
+from engine.spec_decode.step_cost import DraftCost, LinearCostModel, attended_keys
 
 MAX_K = 4
 
@@ -18,11 +19,17 @@ def make_controller(fixed, per_token) -> SpeculationController:
 
 
 class _TimedModel:
-    """A stand-in forward that takes fixed + per_row * rows seconds, `slow_calls` of them 3x as
-    long (a server starting beside others, a build running)."""
+    """A stand-in forward that takes fixed + per_row * rows seconds, plus per_row_key for each
+    key a row attends and per_request_key for each key of the request's cache, `slow_calls` of
+    them 3x as long (a server starting beside others, a build running)."""
 
-    def __init__(self, fixed: float, per_row: float, slow_calls: set[int]):
+    class arch:
+        max_position_embeddings = 4096
+
+    def __init__(self, fixed: float, per_row: float, slow_calls: set[int],
+                 per_row_key: float = 0.0, per_request_key: float = 0.0):
         self.fixed, self.per_row, self.slow_calls, self.calls = fixed, per_row, slow_calls, 0
+        self.per_row_key, self.per_request_key = per_row_key, per_request_key
 
     def __call__(self, ids, positions, kv_cache, meta, rows):
         import time
@@ -31,28 +38,51 @@ class _TimedModel:
 
         slow = 3.0 if self.calls in self.slow_calls else 1.0
         self.calls += 1
-        time.sleep(slow * (self.fixed + self.per_row * ids.shape[0]))
+        keys = int((positions + 1).sum())
+        time.sleep(slow * (self.fixed + self.per_row * ids.shape[0] + self.per_row_key * keys
+                           + self.per_request_key * (int(positions.max()) + 1)))
         return torch.zeros(1)
+
+
+class _Blocks:
+    num_blocks = 64
 
 
 def test_the_start_up_cost_fit_takes_the_fastest_timings():
     import torch
 
-    from engine.spec_decode.factory import measure_step_cost
-
-    class Blocks:
-        num_blocks = 64
+    from engine.spec_decode.step_cost import measure_step_cost
 
     fixed, per_row = 0.02, 0.002
     # one call of each row count slowed 3x: the fit still finds the line
     model = _TimedModel(fixed, per_row, slow_calls={1, 2, 3})
-    cost = measure_step_cost(model, Blocks(), 16, torch.device("cpu"))
+    cost = measure_step_cost(model, _Blocks(), 16, torch.device("cpu"))
     assert cost.per_unit == pytest.approx(per_row, rel=0.25)
     assert cost.fixed == pytest.approx(fixed, rel=0.25)
     # negative control: where every call is slow, so is the fit
-    slowed = measure_step_cost(_TimedModel(fixed, per_row, set(range(10))), Blocks(), 16,
+    slowed = measure_step_cost(_TimedModel(fixed, per_row, set(range(100))), _Blocks(), 16,
                                torch.device("cpu"))
     assert slowed.per_unit > 2 * per_row
+
+
+def test_the_start_up_fit_prices_attended_keys_and_cache_reads():
+    """A row's attention and a request's cache read are priced apart: a draft row at 512 keys
+    costs its row plus its attention, not the cache read its request pays anyway. The control:
+    a forward whose time does not depend on keys gets no key price."""
+    import torch
+
+    from engine.spec_decode.step_cost import measure_step_cost
+
+    per_row, per_row_key, per_request_key = 0.001, 1e-6, 2e-6
+    cost = measure_step_cost(_TimedModel(0.004, per_row, set(), per_row_key, per_request_key),
+                             _Blocks(), 16, torch.device("cpu"))
+    assert cost.per_unit * cost.row_key_units == pytest.approx(per_row_key, rel=0.3)
+    assert cost.per_cache_key == pytest.approx(per_row_key + per_request_key, rel=0.3)
+    assert cost.per_unit * cost.draft_units(512, 1) == pytest.approx(
+        per_row + per_row_key * 514, rel=0.2)
+    keyless = measure_step_cost(_TimedModel(0.004, per_row, set()), _Blocks(), 16,
+                                torch.device("cpu"))
+    assert keyless.per_unit * keyless.draft_units(512, 1) == pytest.approx(per_row, rel=0.2)
 
 
 def test_a_prefill_chunk_in_the_step_does_not_make_drafts_look_cheap():
@@ -88,7 +118,7 @@ def test_a_steady_batch_does_not_refit_the_slope_on_noise(monkeypatch):
     taking the least-squares slope of such data (the negative control) gives nonsense."""
     import random
 
-    from engine.spec_decode import controller as module
+    from engine.spec_decode import step_cost as module
 
     def fit(max_error: float) -> LinearCostModel:
         monkeypatch.setattr(module, "MAX_SLOPE_ERROR", max_error)
@@ -104,3 +134,56 @@ def test_a_steady_batch_does_not_refit_the_slope_on_noise(monkeypatch):
     assert steady(16) == pytest.approx(0.028, abs=0.001)
     noisy = fit(float("inf"))
     assert abs(noisy.per_unit - 0.001) > 0.0003  # 0.49 ms a row with this seed
+
+
+
+def _planned_at(context: int, row_key_units: float) -> int:
+    cost = LinearCostModel(fixed=0.004, per_unit=0.001, row_key_units=row_key_units)
+    controller = SpeculationController(MAX_K, True, cost, DraftCost(per_step=False))
+    request = Request("r", list(range(context + 1)), SamplingParams())
+    request.num_computed_tokens = context
+    for _ in range(30):
+        controller.observe_verification(request, MAX_K, 2)
+    assert 0.3 < request.acceptance.estimate(controller.prior_acceptance) < 0.7
+    (k,) = controller.plan([request], [MAX_K], cost.request_units(context, 1))
+    return k
+
+
+def test_a_draft_row_is_priced_by_the_context_it_attends():
+    """The same request and acceptance (about half): a draft pays at a short context (it costs
+    1 ms on a 5 ms step) and not behind 1,000 keys, where a verified row's attention makes it
+    11 ms on a 15 ms step. Negative control: with no key price the long context drafts too."""
+    assert _planned_at(10, row_key_units=0.01) > 0
+    assert _planned_at(1000, row_key_units=0.01) == 0
+    assert _planned_at(1000, row_key_units=0.0) > 0
+
+
+def test_growing_contexts_do_not_pull_the_row_price():
+    """16 requests whose contexts grow from 100 to 600 keys, drafting now and then, with the
+    start-up's cache-read price 2x too high: the two-variable fit keeps a row's price and
+    learns the cache reads'. Negative control: fitted on units alone (the keys folded into
+    the rows), the contexts' growth pins the row price at about half of what it is."""
+    import random
+
+    def fit(two_variables: bool) -> LinearCostModel:
+        rng = random.Random(3)
+        cost = LinearCostModel(fixed=0.005, per_unit=0.001, row_key_units=0.0005,
+                               request_key_units=0.003)
+        for step in range(500):
+            context = 100 + step
+            drafts = 4 if step % 8 == 7 else 0
+            rows = 16 + drafts
+            row_keys = 16 * (context + 1) + attended_keys(context, 1 + drafts) - (context + 1)
+            request_keys = 16 * (context + 1) + drafts
+            seconds = (0.005 + 0.001 * rows + 0.5e-6 * row_keys + 1.5e-6 * request_keys
+                       + rng.uniform(-5e-4, 5e-4))
+            if two_variables:
+                cost.observe(rows, seconds, row_keys, request_keys)
+            else:
+                cost.observe(cost.units(rows, row_keys, request_keys), seconds)
+        return cost
+
+    fitted = fit(two_variables=True)
+    assert fitted.per_unit == pytest.approx(0.001, rel=0.2)
+    assert fitted.per_cache_key == pytest.approx(2e-6, rel=0.2)
+    assert fit(two_variables=False).per_unit < 0.0008

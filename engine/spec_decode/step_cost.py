@@ -1,0 +1,240 @@
+"""What a target step and a proposal cost, in seconds: the controller's price list.
+
+A step is priced in row units: u = rows + row_key_units x (keys its rows attend, summed over
+rows) + request_key_units x (keys in the caches of its requests, once per request), and
+t(u) = fixed + per_unit x u. Rows alone were not enough: on CPU a verified row's attention grows
+with its context (a row at 512 keys cost 1.6x one at 16 on the Xeon), and at 16 concurrent agent
+loops, which re-send long histories, drafts priced at the start-up's short-context slope lost to
+no speculation. The two key prices are measured at start-up (`measure_step_cost`); the line is
+then fitted online, by exponentially forgetting least squares, from every decode step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from engine.attention.metadata import build_attention_metadata
+
+logger = logging.getLogger(__name__)
+
+COST_DECAY = 0.98  # per observation for the step-time fit
+# How precisely the online data must pin the slope (its standard error, as a share of the slope)
+# before the fit takes it; less precise, the fit keeps its slope and moves only its intercept. At
+# a steady 16 requests nearly every step feeds 16 rows, and a slope fitted on them and a rare
+# 17-row probe was noise, once 1.7 ms a row with no fixed part, and then no draft paid. At batch 1
+# the same probes against 1-row steps pin it well (steps vary far less than a row's cost).
+MAX_SLOPE_ERROR = 0.25
+
+# Rows a start-up step is timed at: verify steps of one request (up to 16 rows, the CPU's batched
+# path; a 32-row single sequence would be timed as a prefill chunk, another code path).
+COST_ROWS = (1, 4, 16)
+COST_REPEATS = 3  # per timing; the fastest counts
+KEY_CONTEXT = 512  # cached tokens behind the rows of the timings that price attended keys
+
+
+def attended_keys(first_position: int, num_rows: int) -> int:
+    """Keys that `num_rows` consecutive rows from `first_position` attend, all rows together (row
+    j, at position first_position + j, sees first_position + j + 1 keys)."""
+    return num_rows * first_position + num_rows * (num_rows + 1) // 2
+
+
+class LinearCostModel:
+    """t(u) = fixed + per_unit * u seconds for a step of u row units (see the module's doc).
+
+    Online it fits t = fixed + per_unit * x_rows + per_cache_key * x_keys, where x_keys is the
+    keys of the step's requests' caches and x_rows its rows plus what its verify rows attend
+    beyond the cache read (row_key_units per key). Two variables, because a steady batch's
+    contexts grow step by step: fitted on units alone, that growth pinned the row price to
+    whatever made the key price right, and a key price a little off moved the draft's price by
+    half. The cache-key price then sets request_key_units (= per_cache_key / per_unit -
+    row_key_units), so `units` and `__call__` price every row alike."""
+
+    def __init__(self, fixed: float, per_unit: float, row_key_units: float = 0.0,
+                 request_key_units: float = 0.0):
+        self.fixed, self.per_unit = fixed, per_unit
+        self.row_key_units, self.request_key_units = row_key_units, request_key_units
+        # weight, then sums of x_rows, x_keys, t and of their products (decayed)
+        self._sums = dict.fromkeys(("w", "r", "k", "t", "rr", "rk", "kk", "rt", "kt", "tt"), 0.0)
+
+    def units(self, rows: int, row_keys: int = 0, request_keys: int = 0) -> float:
+        return rows + self.row_key_units * row_keys + self.request_key_units * request_keys
+
+    def request_units(self, first_position: int, num_rows: int) -> float:
+        """Units of one request feeding `num_rows` rows from `first_position`, cache read
+        included."""
+        return self.units(num_rows, attended_keys(first_position, num_rows),
+                          first_position + num_rows)
+
+    def draft_units(self, first_position: int, draft_index: int) -> float:
+        """Units of the draft_index-th (from 1) verified row of a request whose fed token sits at
+        `first_position`: its row and its attention; the cache read is paid by the fed token."""
+        return 1 + self.row_key_units * (first_position + draft_index + 1)
+
+    @property
+    def per_cache_key(self) -> float:
+        return self.per_unit * (self.row_key_units + self.request_key_units)
+
+    def observe(self, rows: float, seconds: float, row_keys: int = 0,
+                request_keys: int = 0) -> None:
+        x_rows = rows + self.row_key_units * (row_keys - request_keys)
+        sums = {name: v * COST_DECAY for name, v in self._sums.items()}
+        for name, v in (("w", 1.0), ("r", x_rows), ("k", request_keys), ("t", seconds),
+                        ("rr", x_rows * x_rows), ("rk", x_rows * request_keys),
+                        ("kk", request_keys * request_keys), ("rt", x_rows * seconds),
+                        ("kt", request_keys * seconds), ("tt", seconds * seconds)):
+            sums[name] += v
+        self._sums = sums
+        slopes = self._precise_slopes()
+        if slopes is not None:
+            per_unit, per_cache_key = slopes
+            fixed = (sums["t"] - per_unit * sums["r"] - per_cache_key * sums["k"]) / sums["w"]
+            if fixed >= 0:
+                self.fixed, self.per_unit = fixed, per_unit
+                self.request_key_units = max(per_cache_key / per_unit - self.row_key_units, 0.0)
+                return
+        # The data does not pin the slopes yet: keep them, move the intercept to the data.
+        self.fixed = max((sums["t"] - self.per_unit * sums["r"]
+                          - self.per_cache_key * sums["k"]) / sums["w"], 0.0)
+
+    def _precise_slopes(self) -> tuple[float, float] | None:
+        """(per_unit, per_cache_key) by least squares, each within MAX_SLOPE_ERROR of its
+        standard error; where the keys barely vary (a short run), the row price alone, the
+        key price held."""
+        s = self._sums
+        w = s["w"]
+        if w < 3:
+            return None
+        srr, srk, skk = (s["rr"] - s["r"] ** 2 / w, s["rk"] - s["r"] * s["k"] / w,
+                         s["kk"] - s["k"] ** 2 / w)
+        srt, skt, stt = (s["rt"] - s["r"] * s["t"] / w, s["kt"] - s["k"] * s["t"] / w,
+                         s["tt"] - s["t"] ** 2 / w)
+        if srr <= 1e-9 * max(s["rr"], 1.0):
+            return None
+        det = srr * skk - srk * srk
+        if det > 1e-6 * srr * max(skk, 1e-12) and w >= 4:
+            per_unit = (skk * srt - srk * skt) / det
+            per_cache_key = (srr * skt - srk * srt) / det
+            residual = max(stt - per_unit * srt - per_cache_key * skt, 0.0) / max(w - 3, 1e-9)
+            if (per_unit > 0 and per_cache_key >= 0
+                    and (residual * skk / det) ** 0.5 <= MAX_SLOPE_ERROR * per_unit
+                    and (residual * srr / det) ** 0.5 <= MAX_SLOPE_ERROR * max(per_cache_key,
+                                                                                1e-12)):
+                return per_unit, per_cache_key
+        # the row price alone, on the times less the held price of the cache reads
+        held = self.per_cache_key
+        srt_held = srt - held * srk
+        per_unit = srt_held / srr
+        residual = max(stt - 2 * held * skt + held * held * skk - per_unit * srt_held, 0.0) \
+            / max(w - 2, 1e-9)
+        if per_unit <= 0 or (residual / srr) ** 0.5 > MAX_SLOPE_ERROR * per_unit:
+            return None
+        return per_unit, held
+
+    def __call__(self, n: float) -> float:
+        return self.fixed + self.per_unit * n
+
+
+class DraftCost:
+    """Seconds of drafting. A model-based proposer pays per sequential draft step (one forward
+    of the draft per position, whatever the batch); n-gram lookup pays per token."""
+
+    def __init__(self, per_step: bool, seconds_per_unit: float = 0.0):
+        self.per_step = per_step
+        self.seconds_per_unit = seconds_per_unit
+        self._observed = False
+
+    def __call__(self, num_tokens: int, num_steps: int) -> float:
+        return self.seconds_per_unit * (num_steps if self.per_step else num_tokens)
+
+    def observe(self, num_tokens: int, num_steps: int, seconds: float) -> None:
+        units = num_steps if self.per_step else num_tokens
+        if units:
+            rate = seconds / units
+            self.seconds_per_unit = rate if not self._observed else (
+                0.9 * self.seconds_per_unit + 0.1 * rate)
+            self._observed = True
+
+
+class ModelDraftCost:
+    """Seconds of drafting with a model (a draft model, the target's own layers, an EAGLE head):
+    a `fraction` of what the target's fitted step cost charges for the same rows. A draft step
+    over b sequences costs like a small target step of b tokens, so drafting for a batch costs
+    fraction * (fixed * steps + per_token * draft tokens), where a flat per-step price would
+    undercharge every draft after a step's first. The fraction is re-estimated from every
+    measured proposal."""
+
+    per_step = True
+
+    def __init__(self, fraction: float, step_cost: LinearCostModel):
+        self.fraction = fraction
+        self.step_cost = step_cost
+
+    def _target_seconds(self, num_tokens: int, num_steps: int) -> float:
+        return self.step_cost.fixed * num_steps + self.step_cost.per_unit * num_tokens
+
+    def __call__(self, num_tokens: int, num_steps: int) -> float:
+        return self.fraction * self._target_seconds(num_tokens, num_steps)
+
+    def observe(self, num_tokens: int, num_steps: int, seconds: float) -> None:
+        reference = self._target_seconds(num_tokens, num_steps)
+        if num_steps and reference > 0:
+            self.fraction = 0.9 * self.fraction + 0.1 * seconds / reference
+
+
+def measure_step_cost(model, kv_cache, block_size: int, device) -> LinearCostModel:
+    """Times verify forwards of one request (logits for every row, as verification computes
+    them): 1, 4 and 16 rows at the start of the cache, and 1 and 16 rows behind KEY_CONTEXT
+    cached tokens. The first set gives the price of a row; the second what a row's attention
+    over more keys adds (16 rows against 1: per row) and what reading a request's cache adds
+    (per request). The fastest of COST_REPEATS timings counts, not the mean: servers started
+    together, or a build beside them, slowed single timings by 2-3x, and a slope fitted on them
+    kept `ngram` from drafting for hundreds of steps."""
+    fastest: dict[tuple[int, int], float] = {}
+    shapes = [(rows, 0) for rows in COST_ROWS]
+    # positions past the model's table have no rotation (a tiny test model has 512)
+    context = min(KEY_CONTEXT, model.arch.max_position_embeddings - COST_ROWS[-1])
+    if context >= COST_ROWS[-1]:
+        shapes += [(COST_ROWS[0], context), (COST_ROWS[-1], context)]
+    for shape in (shapes[0], *shapes * COST_REPEATS):  # the first warms caches up
+        rows, context = shape
+        if -(-(context + rows) // block_size) > kv_cache.num_blocks:
+            continue
+        seconds = _time_forward(model, kv_cache, block_size, device, rows, context)
+        fastest[shape] = min(fastest.get(shape, seconds), seconds)
+    cost = LinearCostModel(fixed=0.05, per_unit=0.001)
+    plain = {rows: t for (rows, context), t in fastest.items() if context == 0}
+    if len(plain) >= 2:
+        low, high = min(plain), max(plain)
+        per_row = max((plain[high] - plain[low]) / (high - low), 1e-7)
+        cost = LinearCostModel(fixed=max(plain[low] - per_row * low, 0.0), per_unit=per_row)
+        one, many = COST_ROWS[0], COST_ROWS[-1]
+        if (one, context) in fastest and (many, context) in fastest:
+            added_one = fastest[one, context] - plain[one]
+            added_many = fastest[many, context] - plain[many]
+            per_row_key = max((added_many - added_one) / ((many - one) * context), 0.0)
+            per_request_key = max(added_one / context - per_row_key, 0.0)
+            cost.row_key_units = per_row_key / per_row
+            cost.request_key_units = per_request_key / per_row
+    for _ in range(2):  # the fit needs a weight of 3 before it sets a slope
+        for (rows, context), seconds in fastest.items():
+            cost.observe(rows, seconds, attended_keys(context, rows), context + rows)
+    logger.info("step cost: %.1f ms + %.2f ms per row unit; a key attended costs %.2g units "
+                "per row and %.2g per request", cost.fixed * 1e3, cost.per_unit * 1e3,
+                cost.row_key_units, cost.request_key_units)
+    return cost
+
+
+def _time_forward(model, kv_cache, block_size: int, device, rows: int, context: int) -> float:
+    """Seconds of one forward of `rows` rows at positions context .. context + rows - 1 (KV
+    written to the first blocks, which hold nothing yet), every row's logits read back."""
+    num_blocks = -(-(context + rows) // block_size)
+    meta = build_attention_metadata([rows], [context + rows], [list(range(num_blocks))],
+                                    block_size, device)
+    ids = torch.zeros(rows, dtype=torch.long, device=device)
+    start = time.perf_counter()
+    model(ids, torch.arange(context, context + rows, device=device), kv_cache, meta,
+          torch.arange(rows, device=device)).cpu()
+    return time.perf_counter() - start
