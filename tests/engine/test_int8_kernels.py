@@ -17,7 +17,7 @@ from engine.quant.kernels import load_kernel
 kernel = load_kernel()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="the CPU kernel extension did not build")
 VARIANTS = kernel.int8_cpu_isas() if kernel is not None else []  # every one this CPU runs
-ROW_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 17, 64]  # every chunk size of every variant
+ROW_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 17, 20, 24, 64]  # every chunk size of every variant
 
 
 def weights(ggml_type: int, rows: int = 48, in_features: int = 256, seed: int = 0):

@@ -67,11 +67,6 @@ namespace int8_amx {
 #pragma GCC pop_options
 #endif
 
-// From this many activation rows a call runs on AMX tiles where the CPU has them; below it the
-// AVX-512 VNNI body is faster (benchmarks/experiments/kernel_rows.py). The two give bitwise the
-// same result, so a step may use either for any call.
-constexpr int64_t kAmxMinRows = 8;
-
 namespace {
 
 #include "int8_quantize.h"
@@ -98,7 +93,8 @@ void int8_matmul_rows(const float* x, int64_t N, int64_t K, int64_t x_stride,
     const uint8_t* w = weights.data_ptr<uint8_t>();
     at::parallel_for(0, M / 16, 4, [&](int64_t begin, int64_t end) {
 #ifdef SPECSERVE_HAVE_INT8_X86
-        if (chosen == kIntAmx && N >= kAmxMinRows)
+        // From int8_amx::kTileMinRows rows a call runs on AMX tiles where the CPU has them
+        if (chosen == kIntAmx && N >= int8_amx::kTileMinRows)
             return int8_amx::matmul_groups_amx(type, w, group_bytes, num_blocks, rows, N, y,
                                                y_stride, begin, end);
         if (chosen == kIntAvx512Vnni || chosen == kIntAmx)
