@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from engine.core.request import Request
 from engine.metrics.spec_stats import PRIOR_ACCEPTANCE
-from engine.spec_decode.step_cost import DraftCost, LinearCostModel, ModelDraftCost
+from engine.spec_decode.step_cost import DraftCost, LinearCostModel, ModelDraftCost, attended_keys
 
 MIN_DRAFT_GAIN = 0.02  # expected tokens below which a draft position is not even reserved
 # Steps without a draft after which one draft goes out anyway. The cost fit learns a verified
@@ -57,13 +57,16 @@ class SpeculationController:
     def plan(self, requests: Sequence[Request], max_ks: Sequence[int],
              num_other_units: float,
              padded_tokens: Callable[[int], int] | None = None,
-             free: Sequence[bool] | None = None) -> list[int]:
+             free: Sequence[bool] | None = None,
+             num_other_rows: int | None = None) -> list[int]:
         """Draft tokens per request for this step. `num_other_units`: what the rows fed anyway
         cost (each request's last token, its attention and its cache read; step_cost.py). A
         draft row of request r is priced by its attention over r's context
         (`LinearCostModel.draft_units`): at 16 concurrent agent loops re-sending long histories,
         a row priced at a short context's cost looked half as dear as it is, and drafts lost to
-        no speculation. Other requests' prefill chunks in the same step are left
+        no speculation. `num_other_rows`: those rows (default: one per request planned); a
+        draft's row costs what the step's measured curve says the next row costs (the 17th of
+        a step dear, the ones after it cheap: step_cost.RowShape). Other requests' prefill chunks in the same step are left
         out: their work is paid once per prompt however many steps decoding takes, so it is no
         part of what a draft saves (a step's fixed cost is, per step); counted as decode rows,
         a chunk made the step look so slow that any draft seemed to pay, and 16 concurrent
@@ -79,7 +82,8 @@ class SpeculationController:
             ks = self._plan_by_depth(requests, estimates, max_ks, num_other_units,
                                      padded_tokens, free)
         else:
-            ks = self._plan_greedy(requests, estimates, max_ks, num_other_units, free)
+            rows = len(requests) if num_other_rows is None else num_other_rows
+            ks = self._plan_greedy(requests, estimates, max_ks, num_other_units, rows, free)
         ks = self._probe_now_and_then(ks, estimates, max_ks)
         for request, k in zip(requests, ks):
             if k == 0:
@@ -113,9 +117,12 @@ class SpeculationController:
         free, only those drafting); the best tokens per second wins."""
         useful = [min(m, _useful_drafts(a)) for a, m in zip(estimates, max_ks)]
 
-        def units(ks: Sequence[int]) -> float:  # padding rows, and the drafts' attention
-            return (num_other_units + padded_tokens(max(ks)) - padded_tokens(0)
-                    + sum(self._draft_units(r, k) - k for r, k in zip(requests, ks)))
+        shape, per_key = self.step_cost.row_shape, self.step_cost.row_key_units
+
+        def units(ks: Sequence[int]) -> float:  # the padded rows, and the drafts' attention
+            return (num_other_units + shape(padded_tokens(max(ks))) - shape(padded_tokens(0))
+                    + per_key * sum(attended_keys(r.num_computed_tokens + 1, k)
+                                    for r, k in zip(requests, ks)))
 
         best_ks = [0] * len(estimates)
         best_rate = len(estimates) / self.step_cost(num_other_units)
@@ -136,34 +143,41 @@ class SpeculationController:
         return best_ks
 
     def _plan_greedy(self, requests: Sequence[Request], estimates: Sequence[float],
-                     max_ks: Sequence[int], num_other_units: float,
+                     max_ks: Sequence[int], num_other_units: float, num_other_rows: int,
                      free: Sequence[bool]) -> list[int]:
-        """A flat step costs by the tokens it feeds: drafts go out one at a time, to the
-        likeliest next draft, while each raises the step's expected tokens per second."""
-        ks = [0] * len(estimates)
+        """A flat step costs by the rows it feeds: drafts are lined up one at a time, the
+        likeliest next draft first, and the step takes the first n of them for the n that gives
+        the most expected tokens per second. Not the first that stops paying: a row's price
+        follows the measured curve, so the 17th row of a 16-request step may not pay for itself
+        where 16 drafts together do."""
         gains = float(len(estimates))  # each request emits at least one token
-        cost = self.step_cost(num_other_units)
-        units, drafted, longest = num_other_units, 0, 0  # the step; drafts drafting costs; depth
+        best_rate, best_n = gains / self.step_cost(num_other_units), 0
+        ks, order = [0] * len(estimates), []  # drafts so far, and whose each one is
+        units, rows, drafted, longest = num_other_units, num_other_rows, 0, 0
         # Max-heap of (next draft's expected gain, request index).
         heap = [(-a, i) for i, a in enumerate(estimates) if max_ks[i] > 0]
         heapq.heapify(heap)
         while heap:
             neg_gain, i = heapq.heappop(heap)
             gain = -neg_gain
-            new_longest = longest if free[i] else max(longest, ks[i] + 1)
-            new_drafted = drafted + (0 if free[i] else 1)
-            new_units = units + self.step_cost.draft_units(requests[i].num_computed_tokens,
-                                                           ks[i] + 1)
-            new_cost = self.step_cost(new_units) + self.draft_cost(new_drafted, new_longest)
-            if (gains + gain) / new_cost <= gains / cost:
-                break  # the likeliest remaining draft no longer pays for itself
+            if gain < MIN_DRAFT_GAIN:
+                break
             ks[i] += 1
+            order.append(i)
+            if not free[i]:
+                drafted, longest = drafted + 1, max(longest, ks[i])
+            units += self.step_cost.draft_units(requests[i].num_computed_tokens, ks[i], rows)
+            rows += 1
             gains += gain
-            cost, units = new_cost, new_units
-            drafted, longest = new_drafted, new_longest
+            rate = gains / (self.step_cost(units) + self.draft_cost(drafted, longest))
+            if rate > best_rate:
+                best_rate, best_n = rate, len(order)
             if ks[i] < max_ks[i]:
                 heapq.heappush(heap, (-gain * estimates[i], i))
-        return ks
+        best = [0] * len(estimates)
+        for i in order[:best_n]:
+            best[i] += 1
+        return best
 
     def observe_verification(self, request: Request, num_drafts: int, num_accepted: int) -> None:
         request.acceptance.observe(num_drafts, num_accepted)
@@ -173,10 +187,6 @@ class SpeculationController:
         """A decode step: its rows (padding included), the keys they attended, and the keys
         of its requests' caches (step_cost.py)."""
         self.step_cost.observe(num_rows, seconds, row_keys, request_keys)
-
-    def _draft_units(self, request: Request, num_drafts: int) -> float:
-        return sum(self.step_cost.draft_units(request.num_computed_tokens, j)
-                   for j in range(1, num_drafts + 1))
 
     def observe_drafting(self, num_draft_tokens: int, num_sequential_steps: int,
                          seconds: float) -> None:

@@ -21,12 +21,8 @@ from engine.spec_decode.layer_skip import calibration_cache_file, choose_layers
 from engine.spec_decode.model_drafter import ModelDrafter
 from engine.spec_decode.ngram import NgramLookup, NgramProposer
 from engine.spec_decode.proposer import Proposer
-from engine.spec_decode.step_cost import (
-    DraftCost,
-    LinearCostModel,
-    ModelDraftCost,
-    measure_step_cost,
-)
+from engine.spec_decode.cost_probe import measure_step_cost
+from engine.spec_decode.step_cost import DraftCost, LinearCostModel, ModelDraftCost
 from engine.spec_decode.suffix import build_suffix_proposer
 
 logger = logging.getLogger(__name__)

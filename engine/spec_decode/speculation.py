@@ -35,9 +35,9 @@ class Speculation:
         self.proposer.prepare(requests, max_ks)
         free = [self.proposer.drafts_are_free(r) for r in requests]
         # drafts not set yet: the decode rows are each request's own token
-        ks = self.controller.plan(requests, max_ks,
-                                  self._decode_units(plan.scheduled),
-                                  padded_tokens, free)
+        decode_rows = [s for s in plan.scheduled if s.num_new_tokens == 1]
+        ks = self.controller.plan(requests, max_ks, self._decode_units(decode_rows),
+                                  padded_tokens, free, len(decode_rows))
         constrained = any(r.grammar is not None for r in requests)
         if not any(ks) and not constrained:
             return {}
@@ -110,13 +110,12 @@ class Speculation:
                     num_accepted - sum(request.forced_drafts[:num_accepted]))
 
 
-    def _decode_units(self, scheduled: Sequence[ScheduledRequest]) -> float:
+    def _decode_units(self, decode_rows: Sequence[ScheduledRequest]) -> float:
         """What a step's decode rows cost in the step-cost model's row units: each request's
         fed token, its attention and its cache read. Prefill chunks are left out (see
         SpeculationController.plan)."""
-        price = self.controller.step_cost
-        return sum(price.request_units(s.request.num_computed_tokens, 1)
-                   for s in scheduled if s.num_new_tokens == 1)
+        keys = sum(s.request.num_computed_tokens + 1 for s in decode_rows)
+        return self.controller.step_cost.units(len(decode_rows), keys, keys)
 
 
 def num_prefill_tokens(scheduled: Sequence[ScheduledRequest]) -> int:

@@ -1,24 +1,21 @@
 """What a target step and a proposal cost, in seconds: the controller's price list.
 
-A step is priced in row units: u = rows + row_key_units x (keys its rows attend, summed over
-rows) + request_key_units x (keys in the caches of its requests, once per request), and
-t(u) = fixed + per_unit x u. Rows alone were not enough: on CPU a verified row's attention grows
-with its context (a row at 512 keys cost 1.6x one at 16 on the Xeon), and at 16 concurrent agent
-loops, which re-send long histories, drafts priced at the start-up's short-context slope lost to
-no speculation. The two key prices are measured at start-up (`measure_step_cost`); the line is
-then fitted online, by exponentially forgetting least squares, from every decode step.
+A step is priced in row units: u = shape(rows) + row_key_units x (keys its rows attend, summed
+over rows) + request_key_units x (keys in the caches of its requests, once per request), and
+t(u) = fixed + per_unit x u. Rows alone, each at one price, were not enough on CPU:
+- a verified row's attention grows with its context (a row at 512 keys cost 1.6x one at 16 on
+  the Xeon), and 16 concurrent agent loops, which re-send long histories, lost to no
+  speculation with drafts priced at the start-up's short context;
+- the integer kernels run rows in chunks, so rows do not cost alike: on the Xeon the 2nd row of a
+  step cost 0.2 ms, the 17th (16 requests and one draft) 1.7 ms, the 18th to 32nd ~0.6 each.
+`RowShape` is that measured curve, in rows (1 row is 1, 16 rows are 16). The curve and the key
+prices are measured at start-up (cost_probe.py); scale and intercept are then fitted online, by
+exponentially forgetting least squares, from every decode step.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-
-import torch
-
-from engine.attention.metadata import build_attention_metadata
-
-logger = logging.getLogger(__name__)
+import bisect
 
 COST_DECAY = 0.98  # per observation for the step-time fit
 # How precisely the online data must pin the slope (its standard error, as a share of the slope)
@@ -28,17 +25,40 @@ COST_DECAY = 0.98  # per observation for the step-time fit
 # the same probes against 1-row steps pin it well (steps vary far less than a row's cost).
 MAX_SLOPE_ERROR = 0.25
 
-# Rows a start-up step is timed at: verify steps of one request (up to 16 rows, the CPU's batched
-# path; a 32-row single sequence would be timed as a prefill chunk, another code path).
-COST_ROWS = (1, 4, 16)
-COST_REPEATS = 3  # per timing; the fastest counts
-KEY_CONTEXT = 512  # cached tokens behind the rows of the timings that price attended keys
-
-
 def attended_keys(first_position: int, num_rows: int) -> int:
     """Keys that `num_rows` consecutive rows from `first_position` attend, all rows together (row
     j, at position first_position + j, sees first_position + j + 1 keys)."""
     return num_rows * first_position + num_rows * (num_rows + 1) // 2
+
+
+class RowShape:
+    """Effective rows of a step of n rows: the step's measured time over row counts, scaled so
+    that 1 row is 1 and 16 rows are 16, linear between the row counts measured and past the
+    last one. Without measurements, n itself."""
+
+    def __init__(self, seconds_by_rows: dict[int, float] | None = None):
+        self.rows: list[int] = []
+        self.effective: list[float] = []
+        if not seconds_by_rows or 1 not in seconds_by_rows or 16 not in seconds_by_rows:
+            return
+        one, sixteen = seconds_by_rows[1], seconds_by_rows[16]
+        if sixteen <= one:
+            return
+        slowest = 0.0  # noise must not make a row count cheaper than a smaller one
+        for rows in sorted(seconds_by_rows):
+            slowest = max(slowest, 1 + 15 * (seconds_by_rows[rows] - one) / (sixteen - one))
+            self.rows.append(rows)
+            self.effective.append(slowest)
+
+    def __call__(self, n: float) -> float:
+        rows, effective = self.rows, self.effective
+        if len(rows) < 2 or n <= 0:
+            return float(n)
+        if n <= rows[0]:
+            return effective[0] * n / rows[0]
+        i = min(bisect.bisect_left(rows, n), len(rows) - 1)
+        low, high = rows[i - 1], rows[i]
+        return effective[i - 1] + (effective[i] - effective[i - 1]) * (n - low) / (high - low)
 
 
 class LinearCostModel:
@@ -53,25 +73,29 @@ class LinearCostModel:
     row_key_units), so `units` and `__call__` price every row alike."""
 
     def __init__(self, fixed: float, per_unit: float, row_key_units: float = 0.0,
-                 request_key_units: float = 0.0):
+                 request_key_units: float = 0.0, row_shape: RowShape | None = None):
         self.fixed, self.per_unit = fixed, per_unit
+        self.row_shape = row_shape or RowShape()
         self.row_key_units, self.request_key_units = row_key_units, request_key_units
         # weight, then sums of x_rows, x_keys, t and of their products (decayed)
         self._sums = dict.fromkeys(("w", "r", "k", "t", "rr", "rk", "kk", "rt", "kt", "tt"), 0.0)
 
     def units(self, rows: int, row_keys: int = 0, request_keys: int = 0) -> float:
-        return rows + self.row_key_units * row_keys + self.request_key_units * request_keys
+        return (self.row_shape(rows) + self.row_key_units * row_keys
+                + self.request_key_units * request_keys)
 
     def request_units(self, first_position: int, num_rows: int) -> float:
-        """Units of one request feeding `num_rows` rows from `first_position`, cache read
-        included."""
+        """Units of a step of one request feeding `num_rows` rows from `first_position`, cache
+        read included."""
         return self.units(num_rows, attended_keys(first_position, num_rows),
                           first_position + num_rows)
 
-    def draft_units(self, first_position: int, draft_index: int) -> float:
+    def draft_units(self, first_position: int, draft_index: int, rows_before: int) -> float:
         """Units of the draft_index-th (from 1) verified row of a request whose fed token sits at
-        `first_position`: its row and its attention; the cache read is paid by the fed token."""
-        return 1 + self.row_key_units * (first_position + draft_index + 1)
+        `first_position`, in a step of `rows_before` rows so far: its row and its attention;
+        the cache read is paid by the fed token."""
+        return (self.row_shape(rows_before + 1) - self.row_shape(rows_before)
+                + self.row_key_units * (first_position + draft_index + 1))
 
     @property
     def per_cache_key(self) -> float:
@@ -79,7 +103,7 @@ class LinearCostModel:
 
     def observe(self, rows: float, seconds: float, row_keys: int = 0,
                 request_keys: int = 0) -> None:
-        x_rows = rows + self.row_key_units * (row_keys - request_keys)
+        x_rows = self.row_shape(rows) + self.row_key_units * (row_keys - request_keys)
         sums = {name: v * COST_DECAY for name, v in self._sums.items()}
         for name, v in (("w", 1.0), ("r", x_rows), ("k", request_keys), ("t", seconds),
                         ("rr", x_rows * x_rows), ("rk", x_rows * request_keys),
@@ -182,59 +206,3 @@ class ModelDraftCost:
         reference = self._target_seconds(num_tokens, num_steps)
         if num_steps and reference > 0:
             self.fraction = 0.9 * self.fraction + 0.1 * seconds / reference
-
-
-def measure_step_cost(model, kv_cache, block_size: int, device) -> LinearCostModel:
-    """Times verify forwards of one request (logits for every row, as verification computes
-    them): 1, 4 and 16 rows at the start of the cache, and 1 and 16 rows behind KEY_CONTEXT
-    cached tokens. The first set gives the price of a row; the second what a row's attention
-    over more keys adds (16 rows against 1: per row) and what reading a request's cache adds
-    (per request). The fastest of COST_REPEATS timings counts, not the mean: servers started
-    together, or a build beside them, slowed single timings by 2-3x, and a slope fitted on them
-    kept `ngram` from drafting for hundreds of steps."""
-    fastest: dict[tuple[int, int], float] = {}
-    shapes = [(rows, 0) for rows in COST_ROWS]
-    # positions past the model's table have no rotation (a tiny test model has 512)
-    context = min(KEY_CONTEXT, model.arch.max_position_embeddings - COST_ROWS[-1])
-    if context >= COST_ROWS[-1]:
-        shapes += [(COST_ROWS[0], context), (COST_ROWS[-1], context)]
-    for shape in (shapes[0], *shapes * COST_REPEATS):  # the first warms caches up
-        rows, context = shape
-        if -(-(context + rows) // block_size) > kv_cache.num_blocks:
-            continue
-        seconds = _time_forward(model, kv_cache, block_size, device, rows, context)
-        fastest[shape] = min(fastest.get(shape, seconds), seconds)
-    cost = LinearCostModel(fixed=0.05, per_unit=0.001)
-    plain = {rows: t for (rows, context), t in fastest.items() if context == 0}
-    if len(plain) >= 2:
-        low, high = min(plain), max(plain)
-        per_row = max((plain[high] - plain[low]) / (high - low), 1e-7)
-        cost = LinearCostModel(fixed=max(plain[low] - per_row * low, 0.0), per_unit=per_row)
-        one, many = COST_ROWS[0], COST_ROWS[-1]
-        if (one, context) in fastest and (many, context) in fastest:
-            added_one = fastest[one, context] - plain[one]
-            added_many = fastest[many, context] - plain[many]
-            per_row_key = max((added_many - added_one) / ((many - one) * context), 0.0)
-            per_request_key = max(added_one / context - per_row_key, 0.0)
-            cost.row_key_units = per_row_key / per_row
-            cost.request_key_units = per_request_key / per_row
-    for _ in range(2):  # the fit needs a weight of 3 before it sets a slope
-        for (rows, context), seconds in fastest.items():
-            cost.observe(rows, seconds, attended_keys(context, rows), context + rows)
-    logger.info("step cost: %.1f ms + %.2f ms per row unit; a key attended costs %.2g units "
-                "per row and %.2g per request", cost.fixed * 1e3, cost.per_unit * 1e3,
-                cost.row_key_units, cost.request_key_units)
-    return cost
-
-
-def _time_forward(model, kv_cache, block_size: int, device, rows: int, context: int) -> float:
-    """Seconds of one forward of `rows` rows at positions context .. context + rows - 1 (KV
-    written to the first blocks, which hold nothing yet), every row's logits read back."""
-    num_blocks = -(-(context + rows) // block_size)
-    meta = build_attention_metadata([rows], [context + rows], [list(range(num_blocks))],
-                                    block_size, device)
-    ids = torch.zeros(rows, dtype=torch.long, device=device)
-    start = time.perf_counter()
-    model(ids, torch.arange(context, context + rows, device=device), kv_cache, meta,
-          torch.arange(rows, device=device)).cpu()
-    return time.perf_counter() - start

@@ -199,8 +199,8 @@ def test_the_controller_prices_padded_steps_by_their_rows(tiny_chat_model_folder
 
     runner.prepare = spy_prepare
     controller.observe_step = lambda n, *rest: (observed.append(n), observe_step(n, *rest))
-    controller.plan = lambda requests, max_ks, num_other, padded=None, free=None: (
-        layouts.append(padded), plan(requests, max_ks, num_other, padded, free))[1]
+    controller.plan = lambda requests, max_ks, num_other, padded=None, *rest: (
+        layouts.append(padded), plan(requests, max_ks, num_other, padded, *rest))[1]
     llm.generate(PROMPTS, PARAMS)
     # Every padded step taught the cost model its padded rows, not its real tokens.
     assert observed == [s.num_seqs * s.query_len for s in shapes]

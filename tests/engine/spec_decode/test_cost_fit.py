@@ -27,9 +27,11 @@ class _TimedModel:
         max_position_embeddings = 4096
 
     def __init__(self, fixed: float, per_row: float, slow_calls: set[int],
-                 per_row_key: float = 0.0, per_request_key: float = 0.0):
+                 per_row_key: float = 0.0, per_request_key: float = 0.0,
+                 past_16: float = 0.0):
         self.fixed, self.per_row, self.slow_calls, self.calls = fixed, per_row, slow_calls, 0
         self.per_row_key, self.per_request_key = per_row_key, per_request_key
+        self.past_16 = past_16  # a kernel's second chunk of rows: once, from the 17th row
 
     def __call__(self, ids, positions, kv_cache, meta, rows):
         import time
@@ -40,7 +42,8 @@ class _TimedModel:
         self.calls += 1
         keys = int((positions + 1).sum())
         time.sleep(slow * (self.fixed + self.per_row * ids.shape[0] + self.per_row_key * keys
-                           + self.per_request_key * (int(positions.max()) + 1)))
+                           + self.per_request_key * (int(positions.max()) + 1)
+                           + (self.past_16 if ids.shape[0] > 16 else 0.0)))
         return torch.zeros(1)
 
 
@@ -51,7 +54,7 @@ class _Blocks:
 def test_the_start_up_cost_fit_takes_the_fastest_timings():
     import torch
 
-    from engine.spec_decode.step_cost import measure_step_cost
+    from engine.spec_decode.cost_probe import measure_step_cost
 
     fixed, per_row = 0.02, 0.002
     # one call of each row count slowed 3x: the fit still finds the line
@@ -71,18 +74,19 @@ def test_the_start_up_fit_prices_attended_keys_and_cache_reads():
     a forward whose time does not depend on keys gets no key price."""
     import torch
 
-    from engine.spec_decode.step_cost import measure_step_cost
+    from engine.spec_decode.cost_probe import measure_step_cost
 
     per_row, per_row_key, per_request_key = 0.001, 1e-6, 2e-6
     cost = measure_step_cost(_TimedModel(0.004, per_row, set(), per_row_key, per_request_key),
                              _Blocks(), 16, torch.device("cpu"))
     assert cost.per_unit * cost.row_key_units == pytest.approx(per_row_key, rel=0.3)
     assert cost.per_cache_key == pytest.approx(per_row_key + per_request_key, rel=0.3)
-    assert cost.per_unit * cost.draft_units(512, 1) == pytest.approx(
+    assert cost.per_unit * cost.draft_units(512, 1, rows_before=1) == pytest.approx(
         per_row + per_row_key * 514, rel=0.2)
     keyless = measure_step_cost(_TimedModel(0.004, per_row, set()), _Blocks(), 16,
                                 torch.device("cpu"))
-    assert keyless.per_unit * keyless.draft_units(512, 1) == pytest.approx(per_row, rel=0.2)
+    assert keyless.per_unit * keyless.draft_units(512, 1, rows_before=1) == pytest.approx(
+        per_row, rel=0.2)
 
 
 def test_a_prefill_chunk_in_the_step_does_not_make_drafts_look_cheap():
@@ -187,3 +191,56 @@ def test_growing_contexts_do_not_pull_the_row_price():
     assert fitted.per_unit == pytest.approx(0.001, rel=0.2)
     assert fitted.per_cache_key == pytest.approx(2e-6, rel=0.2)
     assert fit(two_variables=False).per_unit < 0.0008
+
+
+def test_the_start_up_curve_prices_a_kernel_chunk_once():
+    """A forward whose 17th row starts a second chunk of 5 ms: the measured curve makes the
+    17th row of a step cost its row and the chunk, and the 18th a row again. Control: a forward
+    without the chunk prices every row alike."""
+    import torch
+
+    from engine.spec_decode.cost_probe import measure_step_cost
+
+    class Blocks:
+        num_blocks = 512
+
+    per_row = 0.001
+    chunked = measure_step_cost(_TimedModel(0.004, per_row, set(), past_16=0.005), Blocks(), 16,
+                                torch.device("cpu"))
+    seventeenth = chunked.per_unit * chunked.draft_units(0, 1, rows_before=16)
+    assert seventeenth == pytest.approx(per_row + 0.005, rel=0.25)
+    assert chunked.per_unit * chunked.draft_units(0, 2, rows_before=17) == pytest.approx(
+        per_row, rel=0.4)
+    plain = measure_step_cost(_TimedModel(0.004, per_row, set()), Blocks(), 16,
+                              torch.device("cpu"))
+    assert plain.per_unit * plain.draft_units(0, 1, rows_before=16) == pytest.approx(
+        per_row, rel=0.4)
+
+
+def test_sixteen_drafts_go_out_where_the_seventeenth_row_alone_does_not_pay():
+    """16 requests at about half acceptance on a step whose 17th row costs 3 ms and every row
+    after it 0.2 ms: one draft alone would slow the step, 16 together speed it up. The plan
+    takes the best number of drafts, not the first that stops paying (which would be none)."""
+    from engine.spec_decode.step_cost import RowShape
+
+    shape = RowShape({1: 0.004, 16: 0.014, 17: 0.017, 32: 0.020})
+    cost = LinearCostModel(fixed=0.004 - 0.01 / 15, per_unit=0.01 / 15, row_shape=shape)
+    controller = SpeculationController(MAX_K, True, cost, DraftCost(per_step=False))
+    requests = [Request(f"r{i}", [1, 2, 3], SamplingParams()) for i in range(16)]
+    for request in requests:
+        request.num_computed_tokens = 2
+        for _ in range(30):
+            controller.observe_verification(request, MAX_K, 2)
+    a = requests[0].acceptance.estimate(controller.prior_acceptance)
+    base = cost.units(16, 16 * 3, 16 * 3)
+    # the premise: one draft alone loses, one each wins
+    alone = cost(base + cost.draft_units(2, 1, rows_before=16))
+    one_each = cost(base + sum(cost.draft_units(2, 1, rows_before=16 + j) for j in range(16)))
+    assert (16 + a) / alone < 16 / cost(base) < (16 + 16 * a) / one_each
+    ks = controller.plan(requests, [MAX_K] * 16, base, num_other_rows=16)
+    assert sum(ks) >= 16 and min(ks) >= 1
+    # control: where every row past the 16th costs what the 17th does, no draft pays
+    dear = LinearCostModel(cost.fixed, cost.per_unit,
+                           row_shape=RowShape({1: 0.004, 16: 0.014, 17: 0.017, 32: 0.062}))
+    assert SpeculationController(MAX_K, True, dear, DraftCost(per_step=False)).plan(
+        requests, [MAX_K] * 16, base, num_other_rows=16) == [0] * 16
