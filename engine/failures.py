@@ -26,13 +26,11 @@ def zero_nan_rows(logits: torch.Tensor) -> RowFlags:
     """Zeroes the logits rows holding a NaN, on the device, so that the batch's sampling sees
     finite numbers, and flags them (1) for the step's one read (verifier.RowFlags)."""
     # A row's max is NaN where any of its logits is: one read of the logits and no [rows, vocab]
-    # mask (isnan().any() and an unconditional fill cost ~1 ms of a 16-row CPU step; this 50 us).
+    # mask (isnan().any() cost 0.7 ms of a 16-row CPU step, this 50 us). The fill stays
+    # unconditional: asking whether any row is NaN would wait for a GPU.
     nan_rows = torch.isnan(logits.amax(dim=-1))  # [num_rows]
-    # On a CPU the host computed the logits itself, so asking whether to fill costs nothing; on
-    # a GPU that question would wait for the device, and the fill is cheap there.
-    if logits.device.type != "cpu" or bool(nan_rows.any()):
-        with torch.inference_mode():
-            logits.masked_fill_(nan_rows[:, None], 0.0)
+    with torch.inference_mode():
+        logits.masked_fill_(nan_rows[:, None], 0.0)
     return RowFlags(nan_rows.long())
 
 

@@ -212,18 +212,32 @@ def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 
 def sample_from_probs(probs: torch.Tensor, generators: list) -> torch.Tensor:  # [num_rows]
-    """Draws one token per row: argmax(p / E) with E ~ Exponential(1) is a draw from p
-    (the exponential race), and lets each row use its own generator without a per-row loop
-    over the vocabulary in Python."""
-    return argmax_rows(probs / exponential_(torch.empty_like(probs), generators))
+    """Draws one token per row from its own generator: one uniform each (`row_uniforms`), then
+    `draw_tokens`."""
+    return draw_tokens(probs, row_uniforms(generators, probs.device))
 
 
-def exponential_(noise: torch.Tensor, generators: list) -> torch.Tensor:
-    """Fills row i of `noise` with Exponential(1) draws from generators[i], in place; never
-    zero, so p / E never makes 0 / 0."""
-    for row, generator in zip(noise, generators):
-        row.exponential_(generator=generator)
-    return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+def row_uniforms(generators: list, device: torch.device) -> torch.Tensor:  # [len(generators)]
+    """One uniform draw in [0, 1) per generator, in order (None: the default stream), as
+    float64."""
+    out = torch.empty(len(generators), dtype=torch.float64, device=device)
+    for i, generator in enumerate(generators):
+        out[i:i + 1].uniform_(generator=generator)
+    return out
+
+
+def draw_tokens(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # [...]
+    """The inverse-CDF draw of each row of probs [..., vocab] with u [...] in [0, 1): the first
+    token whose cumulative probability exceeds u x the row's total. One uniform a row, where the
+    exponential race (argmax p / E) drew one exponential per token: on CPU that was ~1.1 ms of
+    a 49,152-token row, a fifth of a batch-1 decode step and 40% of a 16-row one. The sums are
+    float64, so a tail of tiny probabilities still moves them (float32 would stop at ~6e-8 a
+    token past a total near 1). A token of probability 0 is never drawn: the threshold stays
+    below the total, and a zero adds nothing to the sum."""
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[..., -1:]
+    threshold = torch.minimum(u.unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:

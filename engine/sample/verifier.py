@@ -25,8 +25,9 @@ from engine.sample.sampler import (
     argmax_rows,
     build_sampling_batch,
     choose_tokens,
-    exponential_,
+    draw_tokens,
     process_logits,
+    row_uniforms,
     target_probs,
 )
 
@@ -165,7 +166,7 @@ def _verify_sampled_drafts(probs_all: torch.Tensor, batch: SamplingBatch,
         for seq in seqs])
     # Each position's generator continues past the draw `choose_tokens` took from it, so these
     # draws are fresh and, for seeded requests, reproducible: per position one uniform (for its
-    # draft) and then one exponential race over the vocabulary (for the token that may follow).
+    # draft) and then one more (for the token that may follow, drawn by inverse CDF).
     generators = [[batch.generators[seq.row_start + j]
                    for j in range(len(seq.draft_token_ids) + 1)] for seq in seqs]
     uniforms = torch.ones(len(seqs), max_k, device=device)  # padding: rejected, and masked
@@ -178,9 +179,10 @@ def _verify_sampled_drafts(probs_all: torch.Tensor, batch: SamplingBatch,
         greedy=torch.zeros(len(seqs), dtype=torch.bool, device=device),
         target_argmax=argmax_rows(target),
     )
-    noise = torch.ones_like(target)  # positions past a sequence's own drafts are never chosen
+    # One uniform per position for the token that may follow it (positions past a sequence's
+    # own drafts are never chosen); the accepted prefix picks whose.
+    follow = torch.zeros(len(seqs), max_k + 1, dtype=torch.float64, device=device)
     for i, gens in enumerate(generators):
-        exponential_(noise[i, :len(gens)], gens)
-    chosen_noise = noise.gather(1, out.num_accepted.view(-1, 1, 1).expand(-1, 1, noise.shape[-1]))
-    next_tokens = argmax_rows(out.next_token_probs / chosen_noise.squeeze(1))
-    return out.num_accepted, next_tokens
+        follow[i, :len(gens)] = row_uniforms(gens, device)
+    chosen = follow.gather(1, out.num_accepted.view(-1, 1)).squeeze(1)
+    return out.num_accepted, draw_tokens(out.next_token_probs, chosen)

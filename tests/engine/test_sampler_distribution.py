@@ -68,3 +68,20 @@ def test_sampling_never_draws_a_masked_token(params, allowed):
     batch = make_batch([params] * num_rows, 8, generator=torch.Generator().manual_seed(2))
     drawn = set(sample(logits.expand(num_rows, -1), batch).token_ids.tolist())
     assert drawn == allowed  # never outside, and every allowed token does come up
+
+
+def test_inverse_cdf_draws_respect_zeros_and_tiny_tails():
+    """u anywhere in [0, 1], even at 1 itself, lands on a token of positive probability, never
+    on a zero after it (control: the unclamped search runs past the last token); and a tail of
+    1,000 tokens at 1e-9 each keeps its mass: u = 1 - 5e-7 lands on the 500th tail token, as
+    the exact inverse CDF does (float32 sums, which stop growing by 1e-9 near 1, miss it)."""
+    from engine.sample.sampler import draw_tokens
+
+    halves = torch.tensor([[0.5, 0.5, 0.0]] * 5)
+    u = torch.tensor([0.0, 0.4999, 0.5, 1 - 2 ** -53, 1.0], dtype=torch.float64)
+    assert draw_tokens(halves, u).tolist() == [0, 0, 1, 1, 1]
+    cdf = halves[-1:].double().cumsum(dim=-1)
+    assert int(torch.searchsorted(cdf, cdf[:, -1:], right=True)) == 3
+    tail = torch.cat([torch.tensor([1.0]), torch.full((1000,), 1e-9)]).unsqueeze(0)
+    drawn = int(draw_tokens(tail, torch.tensor([1 - 5e-7], dtype=torch.float64)))
+    assert 499 <= drawn <= 501
