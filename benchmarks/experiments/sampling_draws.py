@@ -5,7 +5,7 @@ JSON: microseconds per call at each row count.
 
     python -m benchmarks.experiments.sampling_draws [--vocab 49152] [--rows 1,4,16,64]
 
-Figures: docs/performance/sampling.md.
+Figures: docs/architecture.md (seeded sampling).
 """
 
 from __future__ import annotations
