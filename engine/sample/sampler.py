@@ -236,7 +236,8 @@ def draw_tokens(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # [...]
     below the total, and a zero adds nothing to the sum."""
     cdf = probs.double().cumsum(dim=-1)
     total = cdf[..., -1:]
-    threshold = torch.minimum(u.unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    below_total = torch.nextafter(total, torch.zeros_like(total))
+    threshold = torch.minimum(u.unsqueeze(-1) * total, below_total)
     return torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
 
 

@@ -169,10 +169,10 @@ def _verify_sampled_drafts(probs_all: torch.Tensor, batch: SamplingBatch,
     # draft) and then one more (for the token that may follow, drawn by inverse CDF).
     generators = [[batch.generators[seq.row_start + j]
                    for j in range(len(seq.draft_token_ids) + 1)] for seq in seqs]
-    uniforms = torch.ones(len(seqs), max_k, device=device)  # padding: rejected, and masked
+    # padding past a sequence's own drafts: 1, rejected (and masked)
+    uniforms = torch.ones(len(seqs), max_k, dtype=torch.float64, device=device)
     for i, gens in enumerate(generators):
-        for j, generator in enumerate(gens[:-1]):
-            uniforms[i, j:j + 1].uniform_(generator=generator)
+        uniforms[i, :len(gens) - 1] = row_uniforms(gens[:-1], device)
     out = rejection_sample(
         target_probs=target, draft_token_ids=drafts_t, num_drafts=num_drafts,
         draft_probs=draft_probs, uniforms=uniforms,

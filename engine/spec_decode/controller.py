@@ -1,12 +1,13 @@
 """How many tokens to speculate: per request from its recent acceptance, per step from cost.
 
 Model. A request whose drafts are accepted with probability a each gains a^i expected tokens from
-its i-th draft. A step costs about t(u) = fixed + per_unit * u for u row units, a row and its
-attention over its keys (step_cost.py; fitted online from measured steps), and drafting costs time per token (n-gram lookup) or per sequential draft
-step (a draft model). The controller starts every request at K = 0 and hands out draft tokens one
-at a time, always to the request whose next draft is likeliest to be accepted, while doing so raises the
-step's expected tokens per second. So speculation switches itself off for requests whose drafts
-keep failing, and for batches so large that verifying costs more than it returns.
+its i-th draft. A step costs about t(u) = fixed + per_unit * u for u row units: its rows on the
+measured curve over row counts and their attention over their keys (step_cost.py; fitted online
+from measured steps). Drafting costs time per token (n-gram lookup) or per sequential draft step
+(a draft model). The controller starts every request at K = 0, lines draft tokens up one at a
+time, always the likeliest next draft first, and gives out the number of them that makes the
+step's expected tokens per second highest. So speculation switches itself off for requests whose
+drafts keep failing, and for batches so large that verifying costs more than it returns.
 
 A request's acceptance is tracked with decayed counts that drift back towards a prior when it is
 not speculating, so a request that was switched off probes again now and then.

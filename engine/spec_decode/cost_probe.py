@@ -9,7 +9,7 @@ import time
 import torch
 
 from engine.attention.metadata import build_attention_metadata
-from engine.spec_decode.step_cost import LinearCostModel, RowShape, attended_keys
+from engine.spec_decode.step_cost import LinearCostModel, RowShape, step_keys
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +58,7 @@ def measure_step_cost(model, kv_cache, block_size: int, device) -> LinearCostMod
     for _ in range(2):  # the fit needs a weight of 3 before it sets a slope
         for (rows, at), seconds in fastest.items():
             requests = _requests(rows)
-            cost.observe(rows, seconds, sum(attended_keys(at, n) for n in requests),
-                         sum(at + n for n in requests))
+            cost.observe(rows, seconds, *step_keys([at] * len(requests), requests))
     logger.info("step cost: %.1f ms + %.2f ms per row unit; 17 rows are %.1f row units; a key "
                 "attended costs %.2g units per row and %.2g per request", cost.fixed * 1e3,
                 cost.per_unit * 1e3, cost.row_shape(17), cost.row_key_units,

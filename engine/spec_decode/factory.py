@@ -15,13 +15,13 @@ from engine.metrics.spec_stats import PRIOR_ACCEPTANCE
 from engine.models.loader import cache_dir, load_model
 from engine.spec_decode.auto import AutoProposer
 from engine.spec_decode.controller import SpeculationController
+from engine.spec_decode.cost_probe import measure_step_cost
 from engine.spec_decode.eagle import EagleProposer
 from engine.spec_decode.eagle_head import load_head
 from engine.spec_decode.layer_skip import calibration_cache_file, choose_layers
 from engine.spec_decode.model_drafter import ModelDrafter
 from engine.spec_decode.ngram import NgramLookup, NgramProposer
 from engine.spec_decode.proposer import Proposer
-from engine.spec_decode.cost_probe import measure_step_cost
 from engine.spec_decode.step_cost import DraftCost, LinearCostModel, ModelDraftCost
 from engine.spec_decode.suffix import build_suffix_proposer
 

@@ -14,7 +14,7 @@ from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.grammar.drafts import constrain_drafts, interleave_drafts
 from engine.spec_decode.controller import SpeculationController
 from engine.spec_decode.proposer import Proposal, Proposer
-from engine.spec_decode.step_cost import attended_keys
+from engine.spec_decode.step_cost import step_keys
 
 
 class Speculation:
@@ -93,11 +93,9 @@ class Speculation:
             # Only decode/verify steps teach the cost of a verified token: a prefill chunk's
             # tokens cost a fraction of that per token (one large GEMM), and fitted together
             # they made drafts look ~2x cheaper than they are in a batch.
-            rows = [s.num_new_tokens + len(s.request.draft_token_ids) for s in scheduled]
-            starts = [s.request.num_computed_tokens for s in scheduled]
-            self.controller.observe_step(
-                num_rows, sum(attended_keys(p, n) for p, n in zip(starts, rows)),
-                sum(p + n for p, n in zip(starts, rows)), seconds)
+            self.controller.observe_step(num_rows, *step_keys(
+                [s.request.num_computed_tokens for s in scheduled],
+                [s.num_new_tokens + len(s.request.draft_token_ids) for s in scheduled]), seconds)
         for s, tokens in zip(scheduled, emitted):
             request: Request = s.request
             # Forced drafts say nothing of the proposer's acceptance; a rejection is always of
@@ -109,13 +107,13 @@ class Speculation:
                     request, num_guessed,
                     num_accepted - sum(request.forced_drafts[:num_accepted]))
 
-
     def _decode_units(self, decode_rows: Sequence[ScheduledRequest]) -> float:
         """What a step's decode rows cost in the step-cost model's row units: each request's
         fed token, its attention and its cache read. Prefill chunks are left out (see
         SpeculationController.plan)."""
-        keys = sum(s.request.num_computed_tokens + 1 for s in decode_rows)
-        return self.controller.step_cost.units(len(decode_rows), keys, keys)
+        keys = step_keys([s.request.num_computed_tokens for s in decode_rows],
+                         [1] * len(decode_rows))
+        return self.controller.step_cost.units(len(decode_rows), *keys)
 
 
 def num_prefill_tokens(scheduled: Sequence[ScheduledRequest]) -> int:

@@ -7,7 +7,7 @@ t(u) = fixed + per_unit x u. Rows alone, each at one price, were not enough on C
   the Xeon), and 16 concurrent agent loops, which re-send long histories, lost to no
   speculation with drafts priced at the start-up's short context;
 - the integer kernels run rows in chunks, so rows do not cost alike: on the Xeon the 2nd row of a
-  step cost 0.2 ms, the 17th (16 requests and one draft) 1.7 ms, the 18th to 32nd ~0.6 each.
+  step cost 0.2 ms, the 17th (16 requests and one draft) 1.7 ms, the 18th to 32nd 0.7-1.2 each.
 `RowShape` is that measured curve, in rows (1 row is 1, 16 rows are 16). The curve and the key
 prices are measured at start-up (cost_probe.py); scale and intercept are then fitted online, by
 exponentially forgetting least squares, from every decode step.
@@ -16,6 +16,7 @@ exponentially forgetting least squares, from every decode step.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 
 COST_DECAY = 0.98  # per observation for the step-time fit
 # How precisely the online data must pin the slope (its standard error, as a share of the slope)
@@ -25,10 +26,18 @@ COST_DECAY = 0.98  # per observation for the step-time fit
 # the same probes against 1-row steps pin it well (steps vary far less than a row's cost).
 MAX_SLOPE_ERROR = 0.25
 
+
 def attended_keys(first_position: int, num_rows: int) -> int:
     """Keys that `num_rows` consecutive rows from `first_position` attend, all rows together (row
     j, at position first_position + j, sees first_position + j + 1 keys)."""
     return num_rows * first_position + num_rows * (num_rows + 1) // 2
+
+
+def step_keys(first_positions: Sequence[int], num_rows: Sequence[int]) -> tuple[int, int]:
+    """(keys the step's rows attend, keys in its requests' caches) for requests feeding
+    num_rows[i] rows from first_positions[i]."""
+    return (sum(attended_keys(p, n) for p, n in zip(first_positions, num_rows)),
+            sum(p + n for p, n in zip(first_positions, num_rows)))
 
 
 class RowShape:
