@@ -6,6 +6,7 @@
 #   benchmarks/device_check.sh setup   # carry .whl and .gpu/a: install the wheels, check imports
 #   benchmarks/device_check.sh run     # carry .gpu/b: the model, the suite in shards, benchmarks
 #   benchmarks/device_check.sh model gpu_tests profile   # carry .gpu/b: issue 45's checks
+#   benchmarks/device_check.sh model overlap_check       # carry .gpu/b: a short recheck
 #
 # `run` is `model`, `suite` and `bench`; `shard NAME PATHS...` runs one pytest process, and
 # `kernel_probe` checks the CPU kernel's error path. Everything lands under /tmp, which the
@@ -25,7 +26,7 @@ setup() {
     python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'cuda',
 torch.version.cuda, torch.cuda.get_device_name(), 'transformers', transformers.__version__,
 'triton', triton.__version__)"
-    python3 -c "import server.app, engine.grammar, openai, jsonschema; print('imports ok')"
+    python3 -c "import server.app, engine.grammar, jsonschema; print('imports ok')"
 }
 
 model() {  # the default model from the two pieces, dequantized once into the cache
@@ -99,16 +100,29 @@ profile() {
     true
 }
 
-# A short recheck (under 2 minutes): the shipped defaults' profile, and the tests fixed after
-# the last gpu_tests.
-recheck() {
-    local gpu
+# The greedy decode step inside its graph (LM head and argmax) with the token in flight fed on
+# the device, under 4 minutes: the batch-1 profile with overlap on and off and with `ngram`, the
+# graph's replay floor, batch 1 side by side with prefill, and the GPU tests of overlap and
+# padded steps (greedy and seeded outputs equal with overlap on and off).
+overlap_check() {
+    local log="$OUT/profile.log" gpu
     gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
     timeout 60 python3 -m benchmarks.profile_step --methods none,ngram --steps 64 \
-        --output "$OUT/profile_step_defaults_${gpu}.json" >"$OUT/recheck.log" 2>&1
+        --output "$OUT/profile_step_${gpu}.json" >>"$log" 2>&1
     echo "== profile_step rc $?"
-    shard recheck_tests tests/engine/test_triton_ops.py \
-        "tests/engine/test_static_runner.py::test_a_padded_step_runs_few_kernels_per_layer"
+    timeout 40 python3 -m benchmarks.profile_step --methods none --async-scheduling off \
+        --output "$OUT/profile_step_no_overlap_${gpu}.json" >>"$log" 2>&1
+    echo "== profile_step without overlap rc $?"
+    timeout 60 python3 -m benchmarks.spec_matrix --workload code,chat,copy --num-prompts 1 \
+        --max-tokens 128 --temperatures 0 --matrix-methods "" --batch1-methods none,ngram \
+        --output "$OUT/spec_matrix_${gpu}.json" >>"$log" 2>&1
+    echo "== spec_matrix rc $?"
+    grep -E "Error|Traceback" "$log" | head -10
+    TEST_S=110 shard overlap tests/engine/test_overlap.py tests/engine/test_static_runner.py \
+        tests/engine/test_host_syncs.py &
+    TEST_S=110 shard engine tests/engine/test_engine.py tests/engine/test_bfloat16.py &
+    wait
+    grep -h -E "^(FAILED|ERROR)" "$OUT"/overlap.log "$OUT"/engine.log | cut -c1-220 | head -20
 }
 
 # The GPU tests of what issue 45 changed: fused ops, Triton attention, padded steps, lossless

@@ -179,8 +179,39 @@ def profile_method(model: str, method: str, args, device) -> dict:
         "host_ms_by_phase": clock.self_times(seconds, args.steps),
     }
     result.update(profiled_counts(engine, prompt_ids, args.steps, params, device))
+    result["graph_replay_ms"] = graph_replay_ms(engine, prompt_ids, params, device)
     del llm, engine
     return result
+
+
+def graph_replay_ms(engine, prompt_ids, params, device, replays: int = 200) -> float | None:
+    """The device's floor for a batch-1 decode step: its graph (forward, LM head, argmax)
+    replayed back to back, timed by CUDA events; no host work between replays. None where no
+    graph runs (CPU, or graphs off)."""
+    runner = engine.static_runner
+    if device.type != "cuda" or runner is None or not runner.graphs.enabled:
+        return None
+    shapes, prepare = [], runner.prepare
+
+    def spy(scheduled, *rest):
+        step = prepare(scheduled, *rest)
+        shapes.append(step.shape)
+        return step
+
+    runner.prepare = spy
+    run_steps(engine, prompt_ids, 2, params)
+    runner.prepare = prepare
+    decode = [shape for shape in shapes if shape.query_len == 1]
+    if not decode:
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(replays):
+        runner.graphs.run(decode[-1])
+    end.record()
+    torch.cuda.synchronize()
+    return round(start.elapsed_time(end) / replays, 4)
 
 
 def main() -> None:

@@ -106,6 +106,7 @@ def step_seconds(runner, num_seqs: int, query_len: int, context: int, iters: int
     pos = (context - q) + torch.arange(q, device=device).repeat(b)
     tables = seq.new_tensor(range(b * blocks_per_seq)).view(b, blocks_per_seq)
     runner.input_ids[:b * q].random_(0, 1000)
+    runner.feed_index[:b * q].copy_(torch.arange(b * q, device=device) + runner.max_seqs)
     runner.positions[:b * q].copy_(pos)
     runner.slot_mapping[:b * q].copy_(tables[seq, pos // bs] * bs + pos % bs)
     runner.block_tables[:b, :blocks_per_seq].copy_(tables)
@@ -181,7 +182,7 @@ def main() -> None:
         "benchmark": "real_size", "date": time.strftime("%Y-%m-%d"), **device_facts(device),
         "config": {"model": args.config, "dtype": args.dtype, "context": args.context,
                    "iters": args.iters, "attention_backend": args.attention_backend,
-                   "graphs": runner.use_graphs, "weights": "random (normal, std 0.02)"},
+                   "graphs": runner.graphs.enabled, "weights": "random (normal, std 0.02)"},
         "weight_bytes": weight_bytes,
         "copy_bandwidth_bytes_per_s": bandwidth,
         "bandwidth_limit_ms": None if limit_ms is None else round(limit_ms, 4),

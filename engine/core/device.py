@@ -122,8 +122,8 @@ class PendingRead:
     and `result()` waits for it alone (not for work queued later)."""
 
     def __init__(self, tensor: torch.Tensor):
-        if tensor.device.type == "cpu":
-            self._host, self._event = tensor, None
+        if tensor.device.type == "cpu":  # a copy: the tensor may be a buffer the next step writes
+            self._host, self._event = tensor.clone(), None
             return
         self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         self._host.copy_(tensor, non_blocking=True)

@@ -81,12 +81,23 @@ class OverlappedSteps:
         engine._recorder.start()
         plan = engine.scheduler.schedule(None)
         runner = runner_for(plan.scheduled, engine.runner, engine.static_runner)
-        model_input = runner.prepare(plan.scheduled)
-        self._feed_placeholders(plan, model_input, runner, previous)
+        padded = runner is engine.static_runner
+        if padded:  # the tokens in flight are fed on the device, from the runner's `sampled`
+            model_input = runner.prepare(plan.scheduled, self._in_flight_rows(plan, previous))
+        else:
+            model_input = runner.prepare(plan.scheduled)
+            self._feed_placeholders(plan, model_input, runner, previous)
         requests = [plan.scheduled[i].request for i in model_input.logits_owners]
         _hidden, logits = runner.run(model_input)
-        tokens = sample_on_device(requests, model_input.logits_row_starts, logits,
-                                  engine.generator)
+        tokens = runner.greedy_tokens(model_input) if padded and all(
+            r.sampling_params.greedy for r in requests) else None
+        if tokens is None:
+            tokens = sample_on_device(requests, model_input.logits_row_starts, logits,
+                                      engine.generator)
+            if padded:  # where the next step's graph reads them
+                runner.sampled[:len(requests)].copy_(tokens)
+        if padded and any(r.sampling_params.logprobs is not None for r in requests):
+            logits = logits.clone()  # the graph's buffer: the next step overwrites it
         positions = []
         for request in requests:  # the step's token is in flight: hold its place
             positions.append(request.num_output_tokens)
@@ -121,19 +132,24 @@ class OverlappedSteps:
             needed += max(blocks.num_blocks_for(request.num_tokens) - len(request.block_table), 0)
         return needed <= blocks.num_free_blocks
 
-    def _feed_placeholders(self, plan, model_input, runner, previous: InFlight | None) -> None:
-        """Writes, on the device, the tokens in flight into the rows that feed them."""
+    @staticmethod
+    def _in_flight_rows(plan, previous: InFlight | None) -> dict[int, int]:
+        """{id(request): its row in the step in flight} for each scheduled request that feeds
+        the token in flight (a placeholder)."""
         if previous is None:
-            return
+            return {}
         source = {id(request): i for i, request in enumerate(previous.requests)}
-        rows, sources = [], []
-        for scheduled, row in zip(plan.scheduled, model_input.token_row_starts):
-            request = scheduled.request
-            if request.all_token_ids[request.num_computed_tokens] == PLACEHOLDER:
-                rows.append(row)
-                sources.append(source[id(request)])
+        return {id(s.request): source[id(s.request)] for s in plan.scheduled
+                if s.request.all_token_ids[s.request.num_computed_tokens] == PLACEHOLDER}
+
+    def _feed_placeholders(self, plan, model_input, runner, previous: InFlight | None) -> None:
+        """Writes, on the device, the tokens in flight into the flat rows that feed them."""
+        sources = self._in_flight_rows(plan, previous)
+        rows = [row for s, row in zip(plan.scheduled, model_input.token_row_starts)
+                if id(s.request) in sources]
         if not rows:
             return
+        sources = [sources[id(s.request)] for s in plan.scheduled if id(s.request) in sources]
         target = runner.fed_token_ids(model_input)
         rows_t, sources_t = copy_to_device([torch.tensor(rows), torch.tensor(sources)],
                                            target.device)

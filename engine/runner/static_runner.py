@@ -19,8 +19,6 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,8 +28,9 @@ from engine.attention.metadata import AttentionMetadata, BatchedGroup
 from engine.config import EngineConfig, EngineLimits
 from engine.core.device import StagedCopy
 from engine.core.scheduler import ScheduledRequest
-
-logger = logging.getLogger(__name__)
+from engine.runner.cuda_graphs import StepGraphs
+from engine.runner.overlap import uses_async_scheduling
+from engine.sample.sampler import argmax_rows
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # Graphs captured at start at most (the narrowest block tables first); shapes past it, which only
@@ -98,13 +97,16 @@ class StaticStepRunner:
                    max_query_len=1 + (spec.num_speculative_tokens if spec.enabled else 0),
                    max_model_len=limits.max_model_len, device=device,
                    use_graphs=not config.model.enforce_eager,
+                   # overlapped steps replay while the previous replay runs (cuda_graphs.py)
+                   graph_copies=2 if uses_async_scheduling(config.scheduler.async_scheduling,
+                                                           device) else 1,
                    # The Triton kernel walks each request's own blocks: the table's width costs
                    # nothing there, so one width serves every step (fewer shapes, fewer graphs).
                    full_width_tables=attention_backend == "triton")
 
     def __init__(self, model, kv_cache, block_size: int, scratch_block: int, max_num_seqs: int,
                  max_query_len: int, max_model_len: int, device: torch.device,
-                 use_graphs: bool, full_width_tables: bool = False):
+                 use_graphs: bool, full_width_tables: bool = False, graph_copies: int = 1):
         self.model, self.kv_cache, self.device = model, kv_cache, device
         self.block_size = block_size
         self.scratch_slot = scratch_block * block_size
@@ -113,14 +115,20 @@ class StaticStepRunner:
         self.max_query_len = max_query_len
         self.max_blocks = -(-max_model_len // block_size)
         self.full_width_tables = full_width_tables
-        self.use_graphs = use_graphs and device.type == "cuda"
         max_tokens = self.max_seqs * max_query_len
 
         def buffer(*shape):
             return torch.zeros(*shape, dtype=torch.long, device=device)
 
-        # The persistent inputs: every step of a shape reads these same tensors.
-        self.input_ids = buffer(max_tokens)
+        # The persistent inputs: every step of a shape reads these same tensors. A row's token
+        # is gathered from `_token_sources` at `feed_index`: the host's id in `input_ids`, or,
+        # for a token still in flight (overlapped steps, overlap.py), the previous step's
+        # sampled token in `sampled`, without the host waiting for it.
+        self._token_sources = buffer(self.max_seqs + max_tokens)
+        self.sampled = self._token_sources[:self.max_seqs]  # a decode step's argmax per row
+        self.input_ids = self._token_sources[self.max_seqs:]
+        self.feed_index = buffer(max_tokens)
+        self.fed_ids = buffer(max_tokens)
         self.positions = buffer(max_tokens)
         self.slot_mapping = buffer(max_tokens)
         self.block_tables = buffer(self.max_seqs, self.max_blocks)
@@ -128,9 +136,7 @@ class StaticStepRunner:
         self.context_lens = buffer(self.max_seqs)
         self._rows = torch.arange(max_tokens, device=device)
         self._staged = StagedCopy(device)
-        self._graphs: dict[StepShape, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._eager_shapes: set[StepShape] = set()  # capture failed: run these eagerly
-        self._graph_pool = None
+        self.graphs = StepGraphs(self._forward, device, use_graphs, graph_copies)
 
     def graph_shapes(self) -> list[StepShape]:
         """Every shape `prepare` can produce: batch buckets x query lengths x table widths,
@@ -142,29 +148,19 @@ class StaticStepRunner:
         return [StepShape(b, q, w) for w in widths for q in query_lens for b in self.buckets]
 
     def capture_graphs(self) -> int:
-        """Captures the graphs of every shape now (at most MAX_STARTUP_GRAPHS), widest first
-        so that the smaller ones reuse its memory pool; returns how many were captured."""
-        if not self.use_graphs:
+        """Captures the graphs of every shape now (at most MAX_STARTUP_GRAPHS), widest first;
+        returns how many were captured."""
+        if not self.graphs.enabled:
             return 0
         # The buffers hold a padding step: the capture's warm-up runs write the scratch block only.
         self.input_ids.zero_()
+        self.feed_index.copy_(self._rows + self.max_seqs)
         self.positions.zero_()
         self.slot_mapping.fill_(self.scratch_slot)
         self.block_tables.zero_()
         self.query_lens.fill_(1)
         self.context_lens.fill_(1)
-        started = time.perf_counter()
-        for shape in reversed(self.graph_shapes()[:MAX_STARTUP_GRAPHS]):
-            if shape not in self._graphs and self._capture(shape) is None:
-                # What fails for one shape fails for all (an op that cannot be captured):
-                # serve eagerly rather than warn once per shape.
-                logger.warning("CUDA graphs are off: every step runs eagerly")
-                self.use_graphs = False
-                break
-        torch.cuda.synchronize(self.device)
-        logger.info("captured %d CUDA graphs in %.1f s", len(self._graphs),
-                    time.perf_counter() - started)
-        return len(self._graphs)
+        return self.graphs.capture(self.graph_shapes()[:MAX_STARTUP_GRAPHS][::-1])
 
     def fits(self, scheduled: Sequence[ScheduledRequest]) -> bool:
         """Decode/verify steps only: each request feeds its one new token plus drafts."""
@@ -178,8 +174,11 @@ class StaticStepRunner:
         return bucket_for(num_seqs, self.buckets) * power_of_two_bucket(1 + depth,
                                                                         self.max_query_len)
 
-    def prepare(self, scheduled: Sequence[ScheduledRequest]) -> StaticStep:
+    def prepare(self, scheduled: Sequence[ScheduledRequest],
+                in_flight: dict[int, int] | None = None) -> StaticStep:
         """Writes the step's inputs into the persistent buffers (one non-blocking copy).
+        `in_flight` {id(request): row of `sampled`}: requests whose fed token is the previous
+        step's, not yet read by the host; their row takes it from `sampled` on the device.
 
         The layout is built in plain Python lists and becomes one host tensor: at 64 requests,
         a few small tensors per request cost ~9 ms of host time per step (measured on CPU),
@@ -196,6 +195,7 @@ class StaticStepRunner:
         n_tok = b * q
         # Padding: token 0 at position 0 into the scratch slot; a padding sequence sees one key.
         ids, positions, slots = [0] * n_tok, [0] * n_tok, [self.scratch_slot] * n_tok
+        feed = list(range(self.max_seqs, self.max_seqs + n_tok))
         tables, query_lens, context_lens = [0] * (b * width), [1] * b, [1] * b
         logits_rows: list[int] = []
         owners: list[int] = []
@@ -210,26 +210,25 @@ class StaticStepRunner:
             used = -(-end // bs)
             tables[i * width:i * width + used] = table[:used]
             query_lens[i], context_lens[i] = n, end
+            if in_flight and id(request) in in_flight:
+                feed[row] = in_flight[id(request)]
             if s.samples_token:
                 owners.append(i)
                 row_starts.append(len(logits_rows))
                 logits_rows.extend(range(row, row + n))
-        fields = (ids, positions, slots, tables, query_lens, context_lens, logits_rows)
+        fields = (ids, feed, positions, slots, tables, query_lens, context_lens, logits_rows)
         host = torch.tensor(list(itertools.chain(*fields)), dtype=torch.long)
-        ids, positions, slots, tables, query_lens, context_lens, rows = \
+        ids, feed, positions, slots, tables, query_lens, context_lens, rows = \
             self._staged.send([host])[0].split([len(field) for field in fields])
         tables = tables.view(b, width)
         self.input_ids[:n_tok].copy_(ids, non_blocking=True)
+        self.feed_index[:n_tok].copy_(feed, non_blocking=True)
         self.positions[:n_tok].copy_(positions, non_blocking=True)
         self.slot_mapping[:n_tok].copy_(slots, non_blocking=True)
         self.block_tables[:b, :width].copy_(tables, non_blocking=True)
         self.query_lens[:b].copy_(query_lens, non_blocking=True)
         self.context_lens[:b].copy_(context_lens, non_blocking=True)
         return StaticStep(shape, rows, owners, row_starts, [i * q for i in range(len(scheduled))])
-
-    def fed_token_ids(self, step: StaticStep) -> torch.Tensor:
-        """The persistent buffer the step's forward (its graph) reads token ids from."""
-        return self.input_ids
 
     def row_cost(self, num_seqs: int):
         """`padded_tokens` of a step of `num_seqs` requests: rows as a function of the deepest
@@ -238,19 +237,31 @@ class StaticStepRunner:
 
     def run(self, step: StaticStep, known_tokens: dict[int, int] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hidden states of the padded layout, logits [num_logits, vocab] float32). The hidden
-        states may be a graph's output buffer: valid until the next step. `known_tokens` is
-        ignored: a graph computes every row's logits."""
-        shape = step.shape
-        if self.use_graphs and shape not in self._eager_shapes:
-            hidden = self._replay(shape)
-        else:
-            hidden = self._forward(shape)
-        # The LM head runs outside the graph, on the wanted rows only: a graph's output stays
-        # [rows, hidden] instead of [rows, vocab], and padding rows cost no head matmul.
-        return hidden, self.model.logits(hidden, step.logits_rows)
+        """(hidden states of the padded layout, logits [num_logits, vocab] float32), both
+        possibly a graph's output buffers: valid until the next step. `known_tokens` is ignored:
+        a graph computes every row's logits."""
+        hidden, logits = self.graphs.run(step.shape)
+        if logits is None:
+            # A verify step's LM head runs outside the graph, on the wanted rows only: its
+            # output stays [rows, hidden], and padding rows and drafts past a request's own
+            # cost no head matmul.
+            return hidden, self.model.logits(hidden, step.logits_rows)
+        if step.num_logits == len(step.token_row_starts):  # every row samples, in order
+            return hidden, logits[:step.num_logits]
+        return hidden, logits.index_select(0, step.logits_rows)
 
-    def _forward(self, shape: StepShape) -> torch.Tensor:  # [num_seqs * query_len, hidden]
+    def greedy_tokens(self, step: StaticStep) -> torch.Tensor | None:
+        """A decode step's argmax per sampling request (in `logits_owners` order), computed in
+        its graph and left in `sampled` on the device; None for a verify step, or where a
+        request does not sample (their rows are not in order)."""
+        if step.shape.query_len != 1 or step.num_logits != len(step.token_row_starts):
+            return None
+        return self.sampled[:step.num_logits]
+
+    def _forward(self, shape: StepShape) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(hidden [num_seqs * query_len, hidden], and for a decode step its logits [num_seqs,
+        vocab] float32, their argmax written to `sampled`): a decode step's LM head and greedy
+        choice run inside its graph, which saves their host launches on every step."""
         n_tok = shape.num_seqs * shape.query_len
         rows = self._rows[:n_tok]
         meta = AttentionMetadata(
@@ -265,36 +276,11 @@ class StaticStepRunner:
                 num_seqs=shape.num_seqs, max_query_len=shape.query_len,
                 block_size=self.block_size, identity_layout=True),
             chunks=[], block_size=self.block_size)
-        return self.model.hidden_states(self.input_ids[:n_tok], self.positions[:n_tok],
-                                        self.kv_cache, meta)
-
-    def _replay(self, shape: StepShape) -> torch.Tensor:
-        entry = self._graphs.get(shape)
-        if entry is None:
-            entry = self._capture(shape)
-            if entry is None:
-                return self._forward(shape)
-        graph, hidden = entry
-        graph.replay()
-        return hidden
-
-    def _capture(self, shape: StepShape):
-        """Captures the forward of one shape (after a warm-up run on a side stream, as CUDA
-        graphs require). A shape that cannot be captured runs eagerly from then on."""
-        try:
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                self._forward(shape)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
-                hidden = self._forward(shape)
-            self._graph_pool = graph.pool()
-            self._graphs[shape] = (graph, hidden)
-            return graph, hidden
-        except Exception as error:  # keep serving: this shape stays eager
-            logger.warning("CUDA graph capture failed for %s (%s); running it eagerly", shape,
-                           error)
-            self._eager_shapes.add(shape)
-            return None
+        ids = torch.index_select(self._token_sources, 0, self.feed_index[:n_tok],
+                                 out=self.fed_ids[:n_tok])
+        hidden = self.model.hidden_states(ids, self.positions[:n_tok], self.kv_cache, meta)
+        if shape.query_len != 1:
+            return hidden, None
+        logits = self.model.logits(hidden, rows)
+        self.sampled[:n_tok].copy_(argmax_rows(logits))
+        return hidden, logits

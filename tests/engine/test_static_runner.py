@@ -56,7 +56,7 @@ def test_startup_capture_goes_widest_first_over_padding_and_stops_at_a_failure(m
     `test_padded_steps_give_the_flat_steps_tokens` checks that every shape was captured)."""
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     runner = runner_without_model()
-    runner.use_graphs = True
+    runner.graphs.enabled = True
     runner.slot_mapping.fill_(3)
     runner.context_lens.fill_(50)
     captured: list[StepShape] = []
@@ -65,19 +65,19 @@ def test_startup_capture_goes_widest_first_over_padding_and_stops_at_a_failure(m
         assert runner.slot_mapping.eq(runner.scratch_slot).all()  # padding writes scratch only
         assert runner.context_lens.eq(1).all()
         captured.append(shape)
-        runner._graphs[shape] = ("graph", None)
-        return runner._graphs[shape]
+        runner.graphs.graphs[shape] = ("graph", None)
+        return runner.graphs.graphs[shape]
 
-    runner._capture = fake_capture
+    runner.graphs._capture = fake_capture
     assert runner.capture_graphs() == 64
-    assert captured == runner.graph_shapes()[::-1] and runner.use_graphs
+    assert captured == runner.graph_shapes()[::-1] and runner.graphs.enabled
 
     failing = runner_without_model()
-    failing.use_graphs = True
-    failing._capture = lambda shape: captured.append(shape)  # returns None: a failure
+    failing.graphs.enabled = True
+    failing.graphs._capture = lambda shape: captured.append(shape)  # returns None: a failure
     captured.clear()
     assert failing.capture_graphs() == 0
-    assert len(captured) == 1 and not failing.use_graphs
+    assert len(captured) == 1 and not failing.graphs.enabled
 
 
 @pytest.fixture(params=["fused-cpu-ops", "torch-ops"])
@@ -97,8 +97,8 @@ def test_padded_steps_give_the_flat_steps_tokens(tiny_chat_model_folder, method,
     model = llm.engine.runner.model
     prepare, hidden_states = runner.prepare, model.hidden_states
 
-    def spy_prepare(scheduled):
-        step = prepare(scheduled)
+    def spy_prepare(scheduled, *in_flight):  # overlapped steps (CUDA's default) pass it
+        step = prepare(scheduled, *in_flight)
         shapes.append((len(scheduled), step.shape))
         return step
 
@@ -108,7 +108,7 @@ def test_padded_steps_give_the_flat_steps_tokens(tiny_chat_model_folder, method,
 
     runner.prepare = spy_prepare
     captures = []
-    runner._capture = captures.append
+    runner.graphs._capture = captures.append
     padded = llm.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in padded] == [o.token_ids for o in flat]
     # Every step took a shape captured at start (on CUDA; on CPU all run eagerly).
@@ -120,12 +120,12 @@ def test_padded_steps_give_the_flat_steps_tokens(tiny_chat_model_folder, method,
     if method != "none":
         assert any(shape.query_len > 1 for _, shape in shapes)
         assert sum(o.spec_stats.num_accepted_tokens for o in padded) > 0
-    if runner.use_graphs:  # CUDA: the steps replayed graphs (captured over the buffers)
-        assert set(runner._graphs) == set(runner.graph_shapes())
+    if runner.graphs.enabled:  # CUDA: the steps replayed graphs (captured over the buffers)
+        assert set(runner.graphs.graphs) == set(runner.graph_shapes())
     else:
         model.hidden_states = spy_hidden_states
         llm.generate(PROMPTS[:3], PARAMS[:3])
-        assert runner.input_ids.untyped_storage().data_ptr() in buffers
+        assert runner.fed_ids.untyped_storage().data_ptr() in buffers
     manager = llm.engine.block_manager
     assert manager.num_free_blocks == manager.num_blocks
 
@@ -192,8 +192,8 @@ def test_the_controller_prices_padded_steps_by_their_rows(tiny_chat_model_folder
     shapes, observed, layouts = [], [], []
     prepare, observe_step, plan = runner.prepare, controller.observe_step, controller.plan
 
-    def spy_prepare(scheduled):
-        step = prepare(scheduled)
+    def spy_prepare(scheduled, *in_flight):
+        step = prepare(scheduled, *in_flight)
         shapes.append(step.shape)
         return step
 
