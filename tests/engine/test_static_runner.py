@@ -209,3 +209,30 @@ def test_the_controller_prices_padded_steps_by_their_rows(tiny_chat_model_folder
     layout = next(layout for layout in layouts if layout is not None)
     assert [layout(depth) for depth in range(4)] == [
         layout(0), 2 * layout(0), 4 * layout(0), 4 * layout(0)]
+
+
+class _Decoding:
+    """A scheduled decode request with `context` tokens, its blocks numbered from `first`."""
+
+    def __init__(self, context: int, first: int):
+        self.num_fed_tokens = self.num_new_tokens = 1
+        self.samples_token = True
+        self.request = type("Request", (), {
+            "all_token_ids": list(range(context)), "num_computed_tokens": context - 1,
+            "draft_token_ids": [], "block_table": list(range(first, first + 8))})()
+
+
+@pytest.mark.parametrize("full_width", [True, False])
+def test_tables_send_only_the_blocks_up_to_each_context(full_width):
+    """One scatter writes a step's inputs; of each block table only the blocks up to its
+    context travel (a full-width table is ~32k entries a step at 64 requests). Past them, the
+    torch backend's width is cleared (it gathers every block of the width) and the Triton
+    kernel's stays as it was (it reads up to the context only)."""
+    runner = runner_without_model(max_query_len=1, full_width_tables=full_width)
+    runner.prepare([_Decoding(100, first=20)])  # 7 blocks
+    step = runner.prepare([_Decoding(20, first=40), _Decoding(60, first=60)])  # 2 and 4 blocks
+    assert step.shape.width == (7 if full_width else 4)
+    assert runner.context_lens[:2].tolist() == [20, 60]
+    assert runner.block_tables[1, :4].tolist() == [60, 61, 62, 63]
+    row = runner.block_tables[0, :step.shape.width].tolist()
+    assert row == ([40, 41, 22, 23, 24, 25, 26] if full_width else [40, 41, 0, 0])
