@@ -41,6 +41,8 @@ PHASES = {  # phase -> (owner path, attribute) wrapped with a timer
     "forward_padded": ("engine.static_runner", "run"),
     "forward_flat": ("engine.runner", "execute"),
     "sample": ("engine_module", "verify_requests"),
+    # newer trees: verification behind engine/failures.py's per-request failure handling
+    "sample_step": ("engine_module", "verify_step"),
     "update": ("engine.scheduler", "update_from_output"),
     "emit": ("engine", "_emit"),
 }
@@ -81,7 +83,8 @@ class PhaseTimer:
                 owner = getattr(owner, name, None)
             if owner is not None and hasattr(owner, attribute):
                 setattr(owner, attribute,
-                        self._timed(phase.removesuffix("_runner"), getattr(owner, attribute)))
+                        self._timed(phase.removesuffix("_runner").removesuffix("_step"),
+                                    getattr(owner, attribute)))
         step = llm.engine.step
 
         def counted_step():

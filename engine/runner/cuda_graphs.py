@@ -29,8 +29,9 @@ Shape = TypeVar("Shape")
 
 
 class StepGraphs(Generic[Shape]):
-    """`run(shape)` replays the graph of `forward(shape)` (captured on first need, or at start by
-    `capture`), or runs it eagerly where graphs are off or a capture failed."""
+    """`run(shape)` replays the graph of `forward(shape, graphed=True)` (captured on first need,
+    or at start by `capture`), or runs `forward(shape, graphed=False)` where graphs are off or a
+    capture failed: a forward may do more inside a graph, where extra work costs no launches."""
 
     def __init__(self, forward: Callable[[Shape], tuple], device: torch.device, enabled: bool,
                  copies: int = 1):
@@ -62,10 +63,10 @@ class StepGraphs(Generic[Shape]):
 
     def run(self, shape: Shape) -> tuple:
         if not self.enabled or shape in self._eager_shapes:
-            return self.forward(shape)
+            return self.forward(shape, graphed=False)
         copies = self.graphs.get(shape) or self._capture(shape)
         if copies is None:
-            return self.forward(shape)
+            return self.forward(shape, graphed=False)
         self._turn += 1
         graph, outputs = copies[self._turn % len(copies)]
         graph.replay()
@@ -79,13 +80,13 @@ class StepGraphs(Generic[Shape]):
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
-                self.forward(shape)
+                self.forward(shape, graphed=True)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             copies = []
             for _ in range(self.copies):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool):
-                    outputs = self.forward(shape)
+                    outputs = self.forward(shape, graphed=True)
                 self._pool = graph.pool()
                 copies.append((graph, outputs))
             self.graphs[shape] = copies

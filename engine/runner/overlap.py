@@ -89,7 +89,7 @@ class OverlappedSteps:
             self._feed_placeholders(plan, model_input, runner, previous)
         requests = [plan.scheduled[i].request for i in model_input.logits_owners]
         _hidden, logits = runner.run(model_input)
-        tokens = runner.greedy_tokens(model_input) if padded and all(
+        tokens = runner.greedy_tokens(model_input, logits) if padded and all(
             r.sampling_params.greedy for r in requests) else None
         if tokens is None:
             tokens = sample_on_device(requests, model_input.logits_row_starts, logits,

@@ -69,6 +69,7 @@ class StaticStep:
     logits_owners: list[int]
     logits_row_starts: list[int]
     token_row_starts: list[int]  # per scheduled request, its first row in the padded layout
+    argmax_in_graph: bool = False  # set by `run`: its graph left each row's argmax in `sampled`
 
     @property
     def num_rows(self) -> int:
@@ -216,27 +217,30 @@ class StaticStepRunner:
         possibly a graph's output buffers: valid until the next step. `known_tokens` is ignored:
         a graph computes every row's logits."""
         hidden, logits = self.graphs.run(step.shape)
+        step.argmax_in_graph = logits is not None
         if logits is None:
-            # A verify step's LM head runs outside the graph, on the wanted rows only: its
-            # output stays [rows, hidden], and padding rows and drafts past a request's own
-            # cost no head matmul.
+            # Outside a graph the LM head runs on the wanted rows only: padding rows and drafts
+            # past a request's own cost no head matmul (on a CPU, ~0.5 ms a row).
             return hidden, self.model.logits(hidden, step.logits_rows)
         if step.num_logits == len(step.token_row_starts):  # every row samples, in order
             return hidden, logits[:step.num_logits]
         return hidden, logits.index_select(0, step.logits_rows)
 
-    def greedy_tokens(self, step: StaticStep) -> torch.Tensor | None:
-        """A decode step's argmax per sampling request (in `logits_owners` order), computed in
-        its graph and left in `sampled` on the device; None for a verify step, or where a
-        request does not sample (their rows are not in order)."""
+    def greedy_tokens(self, step: StaticStep, logits: torch.Tensor) -> torch.Tensor | None:
+        """A decode step's argmax per sampling request (in `logits_owners` order), left in
+        `sampled` on the device (where the next step feeds from): computed by its graph, or
+        here from `run`'s logits. None for a verify step, or where a request does not sample."""
         if step.shape.query_len != 1 or step.num_logits != len(step.token_row_starts):
             return None
+        if not step.argmax_in_graph:
+            self.sampled[:step.num_logits].copy_(argmax_rows(logits))
         return self.sampled[:step.num_logits]
 
-    def _forward(self, shape: StepShape) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(hidden [num_seqs * query_len, hidden], and for a decode step its logits [num_seqs,
-        vocab] float32, their argmax written to `sampled`): a decode step's LM head and greedy
-        choice run inside its graph, which saves their host launches on every step."""
+    def _forward(self, shape: StepShape, graphed: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(hidden [num_seqs * query_len, hidden], and for a decode step in a graph its logits
+        [num_seqs, vocab] float32, their argmax written to `sampled`): there the LM head and
+        the greedy choice run inside the graph, which saves their host launches every step."""
         n_tok = shape.num_seqs * shape.query_len
         rows = self._rows[:n_tok]
         meta = AttentionMetadata(
@@ -254,7 +258,7 @@ class StaticStepRunner:
         ids = torch.index_select(self._token_sources, 0, self.feed_index[:n_tok],
                                  out=self.fed_ids[:n_tok])
         hidden = self.model.hidden_states(ids, self.positions[:n_tok], self.kv_cache, meta)
-        if shape.query_len != 1:
+        if shape.query_len != 1 or not graphed:
             return hidden, None
         logits = self.model.logits(hidden, rows)
         self.sampled[:n_tok].copy_(argmax_rows(logits))

@@ -19,7 +19,8 @@ class CountingGraph:
 
 
 def graphs_with_stand_ins(copies: int) -> tuple[StepGraphs, list[str]]:
-    graphs = StepGraphs(lambda shape: ("eager", shape), torch.device("cpu"), True, copies)
+    graphs = StepGraphs(lambda shape, graphed: ("eager", shape), torch.device("cpu"), True,
+                        copies)
     graphs.enabled = True  # as on CUDA
     log: list[str] = []
 
