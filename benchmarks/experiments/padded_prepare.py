@@ -1,6 +1,6 @@
 """Host time of building a padded step's inputs (`StaticStepRunner.prepare`, what a CUDA decode
 step runs on the host before its graph), this tree beside another, taking turns. Decode steps
-of 1, 16 and 64 requests at 600 tokens of context, a server's 8,192-token model length, with
+of 1, 16 and 64 requests at `--context` tokens (600 by default), a server's 8,192-token model length, with
 the Triton backend's full-width block tables (CUDA's default) and the torch backend's bucketed
 ones. Runs on the CPU: the inputs are built on the host either way. Prints JSON: ms per call,
 the fastest of `--rounds` rounds of 200 calls.
@@ -35,7 +35,7 @@ def _decoding(context: int, first_block: int):
                                   "samples_token": True})()
 
 
-def measure(rounds: int) -> dict[str, float]:
+def measure(rounds: int, context: int) -> dict[str, float]:
     """ms per prepare, in whichever tree this module is imported from."""
     import torch
 
@@ -49,7 +49,7 @@ def measure(rounds: int) -> dict[str, float]:
                                   device=torch.device("cpu"), use_graphs=False,
                                   full_width_tables=full)
         for batch in BATCHES:
-            scheduled = [_decoding(CONTEXT + i, i * 64) for i in range(batch)]
+            scheduled = [_decoding(context + i, i * 64) for i in range(batch)]
             for _ in range(20):
                 runner.prepare(scheduled)
             best = float("inf")
@@ -66,11 +66,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", help="git ref to measure beside this tree")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--context", type=int, default=CONTEXT, help="tokens per request")
     parser.add_argument("--turns", type=int, default=3, help="turns each tree takes")
     parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure_only:
-        print(json.dumps(measure(args.rounds)))
+        print(json.dumps(measure(args.rounds, args.context)))
         return
     here = Path(__file__).resolve().parents[2]
     trees = {"this": here}
@@ -85,7 +86,7 @@ def main() -> None:
             for name, tree in trees.items():
                 # the script itself is this tree's; the engine it imports is the tree's own
                 out = subprocess.run([sys.executable, __file__, "--measure-only", "--rounds",
-                                      str(args.rounds)], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                                      str(args.rounds), "--context", str(args.context)], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
                                      check=True, capture_output=True, text=True).stdout
                 runs[name].append(json.loads(out))
     finally:
@@ -95,7 +96,7 @@ def main() -> None:
     best = {name: {cell: min(run[cell] for run in tree_runs) for cell in tree_runs[0]}
             for name, tree_runs in runs.items()}
     report = {"benchmark": "padded_prepare", "date": time.strftime("%Y-%m-%d"),
-              "cpu": cpu_model(), "baseline": args.baseline, "context": CONTEXT,
+              "cpu": cpu_model(), "baseline": args.baseline, "context": args.context,
               "max_model_len": 8192, "ms_per_prepare": best}
     if args.baseline:
         report["baseline_over_this"] = {cell: round(best["baseline"][cell] / best["this"][cell], 2)

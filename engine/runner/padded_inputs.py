@@ -86,11 +86,16 @@ def padded_inputs(scheduled: Sequence[ScheduledRequest], num_seqs: int, query_le
         request, row, n = s.request, i * query_len, s.num_fed_tokens
         start = request.num_computed_tokens
         end = start + n
-        ids[row:row + n] = request.all_token_ids[start:start + 1] + request.draft_token_ids
-        # Padding rows of a request repeat its last position (their keys are never read).
-        positions[row:row + query_len] = [*range(start, end), *([end - 1] * (query_len - n))]
         table = request.block_table
-        slots[row:row + n] = [table[pos // bs] * bs + pos % bs for pos in range(start, end)]
+        if n == query_len == 1:  # a decode row: scalars (the lists below cost ~1 us a request)
+            ids[row] = request.all_token_ids[start]
+            positions[row] = start
+            slots[row] = table[start // bs] * bs + start % bs
+        else:
+            ids[row:row + n] = request.all_token_ids[start:start + 1] + request.draft_token_ids
+            # Padding rows of a request repeat its last position (their keys are never read).
+            positions[row:row + query_len] = [*range(start, end), *([end - 1] * (query_len - n))]
+            slots[row:row + n] = [table[pos // bs] * bs + pos % bs for pos in range(start, end)]
         used = -(-end // bs)
         tables += table[:used]
         table_places += range(r.tables + i * r.max_blocks, r.tables + i * r.max_blocks + used)
