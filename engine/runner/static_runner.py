@@ -99,9 +99,10 @@ class StaticStepRunner:
                    max_query_len=1 + (spec.num_speculative_tokens if spec.enabled else 0),
                    max_model_len=limits.max_model_len, device=device,
                    use_graphs=not config.model.enforce_eager,
-                   # overlapped steps replay while the previous replay runs (cuda_graphs.py)
+                   # overlapped steps (speculation's never overlap) replay while the
+                   # previous replay runs (cuda_graphs.py)
                    graph_copies=2 if uses_async_scheduling(config.scheduler.async_scheduling,
-                                                           device) else 1,
+                                                           device) and not spec.enabled else 1,
                    # The Triton kernel walks each request's own blocks: the table's width costs
                    # nothing there, so one width serves every step (fewer shapes, fewer graphs).
                    full_width_tables=attention_backend == "triton")

@@ -45,10 +45,11 @@ def test_consecutive_replays_take_turns_between_copies():
     assert single_log == ["decode:0"] * 3
 
 
-def test_overlapped_engines_capture_two_copies():
-    def runner(async_scheduling):
+def test_engines_whose_steps_overlap_capture_two_copies():
+    def runner(async_scheduling, speculation=False):
         config = type("Config", (), {})()
-        config.speculative = type("Spec", (), {"enabled": False, "num_speculative_tokens": 0})()
+        config.speculative = type("Spec", (), {"enabled": speculation,
+                                               "num_speculative_tokens": 3})()
         config.scheduler = type("Sched", (), {"max_num_seqs": 4,
                                               "async_scheduling": async_scheduling})()
         config.model = type("Model", (), {"enforce_eager": False})()
@@ -60,3 +61,4 @@ def test_overlapped_engines_capture_two_copies():
     assert runner(True).graphs.copies == 2
     assert runner(False).graphs.copies == 1
     assert runner(None).graphs.copies == 1  # CPU's default: no overlap
+    assert runner(True, speculation=True).graphs.copies == 1  # its steps never overlap
