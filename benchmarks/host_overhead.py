@@ -226,23 +226,15 @@ def main() -> None:
     if args.measure_only:
         print(json.dumps(measure(args)))
         return
-    here = Path(__file__).resolve().parents[1]
-    trees = {"this": here}
-    worktree = None
-    if args.baseline:
-        worktree = Path(tempfile.mkdtemp()) / "baseline"
-        subprocess.run(["git", "-C", str(here), "worktree", "add", "--detach", str(worktree),
-                        args.baseline], check=True, capture_output=True)
-        trees["baseline"] = worktree
-    runs: dict[str, list[dict]] = {name: [] for name in trees}
-    try:
+    # here, not at the top: the measuring subprocess imports an older tree's `benchmarks`
+    from benchmarks.machine import ROOT, baseline_tree
+
+    with baseline_tree(args.baseline) as baseline:
+        trees = {"this": ROOT, **({"baseline": baseline} if baseline else {})}
+        runs: dict[str, list[dict]] = {name: [] for name in trees}
         for _ in range(args.repeats):  # the trees take turns
             for name, tree in trees.items():
                 runs[name].append(run_tree(tree, args))
-    finally:
-        if worktree is not None:
-            subprocess.run(["git", "-C", str(here), "worktree", "remove", "--force",
-                            str(worktree)], check=False, capture_output=True)
     result = {
         "benchmark": "host_overhead",
         "date": time.strftime("%Y-%m-%d"),

@@ -1,11 +1,34 @@
 """What a benchmark ran on: the CPU's name, our integer kernel's variant, our versions and commit.
-Reports carry these so a figure can be named with its machine."""
+Reports carry these so a figure can be named with its machine. `baseline_tree` checks out an
+older commit beside this one, for benchmarks that measure both."""
 
 from __future__ import annotations
 
 import platform
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def baseline_tree(ref: str | None) -> Iterator[Path | None]:
+    """`ref` checked out into a temporary git worktree for the block, then removed; None for
+    no ref (the benchmark measures this tree alone)."""
+    if ref is None:
+        yield None
+        return
+    folder = Path(tempfile.mkdtemp()) / "baseline"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), ref],
+                   check=True, capture_output=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)],
+                       check=False, capture_output=True)
 
 
 def int8_variant() -> str | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.machine import cpu_model
+from benchmarks.machine import baseline_tree, cpu_model
 from benchmarks.vs_llamacpp import free_ports, wait_ready
 from engine import LLM, SamplingParams
 from specserve.bench.report import emit
@@ -48,18 +48,6 @@ def served(tree: Path, method: str, log):
     finally:
         process.terminate()
         process.wait(timeout=60)
-
-
-@contextmanager
-def baseline_tree(ref: str):
-    folder = Path(tempfile.mkdtemp()) / "baseline"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), ref],
-                   check=True, capture_output=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)],
-                       check=False, capture_output=True)
 
 
 def offline_run(llm: LLM, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], float]:

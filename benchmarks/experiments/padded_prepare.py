@@ -17,11 +17,8 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-from benchmarks.machine import cpu_model
 
 BATCHES = (1, 16, 64)
 CONTEXT = 600
@@ -73,26 +70,20 @@ def main() -> None:
     if args.measure_only:
         print(json.dumps(measure(args.rounds, args.context)))
         return
-    here = Path(__file__).resolve().parents[2]
-    trees = {"this": here}
-    if args.baseline:
-        worktree = Path(tempfile.mkdtemp()) / "baseline"
-        subprocess.run(["git", "-C", str(here), "worktree", "add", "--detach", str(worktree),
-                        args.baseline], check=True, capture_output=True)
-        trees["baseline"] = worktree
-    runs: dict[str, list[dict]] = {name: [] for name in trees}
-    try:
+    # here, not at the top: the measuring subprocess imports an older tree's `benchmarks`
+    from benchmarks.machine import ROOT, baseline_tree, cpu_model
+
+    runs: dict[str, list[dict]] = {}
+    with baseline_tree(args.baseline) as baseline:
+        trees = {"this": ROOT, **({"baseline": baseline} if baseline else {})}
         for _ in range(args.turns):
             for name, tree in trees.items():
                 # the script itself is this tree's; the engine it imports is the tree's own
                 out = subprocess.run([sys.executable, __file__, "--measure-only", "--rounds",
-                                      str(args.rounds), "--context", str(args.context)], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                                      str(args.rounds), "--context", str(args.context)],
+                                     cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
                                      check=True, capture_output=True, text=True).stdout
-                runs[name].append(json.loads(out))
-    finally:
-        if args.baseline:
-            subprocess.run(["git", "-C", str(here), "worktree", "remove", "--force",
-                            str(trees["baseline"])], check=False, capture_output=True)
+                runs.setdefault(name, []).append(json.loads(out))
     best = {name: {cell: min(run[cell] for run in tree_runs) for cell in tree_runs[0]}
             for name, tree_runs in runs.items()}
     report = {"benchmark": "padded_prepare", "date": time.strftime("%Y-%m-%d"),

@@ -16,44 +16,27 @@ from engine.core.scheduler import ScheduledRequest
 
 @dataclass(frozen=True)
 class InputRegions:
-    """Where each input lives in the runner's one device buffer. `sampled` and `input_ids` are
-    adjacent: together they are the token sources that `feed` indexes."""
+    """Where each input lives in the runner's one device buffer: `start[name]`, `size[name]`.
+    `sampled` and `input_ids` come first and together: they are the token sources that `feed`
+    indexes. `tables` is [max_seqs, max_blocks], row-major."""
 
-    max_seqs: int
-    max_tokens: int
+    start: dict[str, int]
+    size: dict[str, int]
     max_blocks: int
 
-    @property
-    def input_ids(self) -> int:
-        return self.max_seqs  # after `sampled`, at 0
+    @classmethod
+    def for_sizes(cls, max_seqs: int, max_tokens: int, max_blocks: int) -> "InputRegions":
+        size = {"sampled": max_seqs, "input_ids": max_tokens, "feed": max_tokens,
+                "positions": max_tokens, "slots": max_tokens, "query_lens": max_seqs,
+                "context_lens": max_seqs, "tables": max_seqs * max_blocks}
+        start, at = {}, 0
+        for name, n in size.items():
+            start[name], at = at, at + n
+        return cls(start, size, max_blocks)
 
     @property
-    def feed(self) -> int:
-        return self.input_ids + self.max_tokens
-
-    @property
-    def positions(self) -> int:
-        return self.feed + self.max_tokens
-
-    @property
-    def slots(self) -> int:
-        return self.positions + self.max_tokens
-
-    @property
-    def query_lens(self) -> int:
-        return self.slots + self.max_tokens
-
-    @property
-    def context_lens(self) -> int:
-        return self.query_lens + self.max_seqs
-
-    @property
-    def tables(self) -> int:  # [max_seqs, max_blocks], row-major
-        return self.context_lens + self.max_seqs
-
-    @property
-    def size(self) -> int:
-        return self.tables + self.max_seqs * self.max_blocks
+    def total(self) -> int:
+        return sum(self.size.values())
 
 
 @dataclass
@@ -73,9 +56,9 @@ def padded_inputs(scheduled: Sequence[ScheduledRequest], num_seqs: int, query_le
     block table, only the blocks up to the sequence's context are sent (at 64 requests a
     full-width table is ~32k entries a step); what lies past them is the caller's to clear
     where an attention backend reads it. `in_flight`: see StaticStepRunner.prepare."""
-    bs, n_tok, r = block_size, num_seqs * query_len, regions
+    bs, n_tok, at = block_size, num_seqs * query_len, regions.start
     ids, positions, slots = [0] * n_tok, [0] * n_tok, [scratch_slot] * n_tok
-    feed = list(range(r.input_ids, r.input_ids + n_tok))
+    feed = list(range(at["input_ids"], at["input_ids"] + n_tok))
     query_lens, context_lens = [1] * num_seqs, [1] * num_seqs
     tables: list[int] = []
     table_places: list[int] = []
@@ -98,7 +81,8 @@ def padded_inputs(scheduled: Sequence[ScheduledRequest], num_seqs: int, query_le
             slots[row:row + n] = [table[pos // bs] * bs + pos % bs for pos in range(start, end)]
         used = -(-end // bs)
         tables += table[:used]
-        table_places += range(r.tables + i * r.max_blocks, r.tables + i * r.max_blocks + used)
+        row_start = at["tables"] + i * regions.max_blocks
+        table_places += range(row_start, row_start + used)
         query_lens[i], context_lens[i] = n, end
         if in_flight and id(request) in in_flight:
             feed[row] = in_flight[id(request)]
@@ -106,9 +90,9 @@ def padded_inputs(scheduled: Sequence[ScheduledRequest], num_seqs: int, query_le
             owners.append(i)
             row_starts.append(len(logits_rows))
             logits_rows.extend(range(row, row + n))
-    places = [*range(r.input_ids, r.input_ids + n_tok), *range(r.feed, r.feed + n_tok),
-              *range(r.positions, r.positions + n_tok), *range(r.slots, r.slots + n_tok),
-              *range(r.query_lens, r.query_lens + num_seqs),
-              *range(r.context_lens, r.context_lens + num_seqs), *table_places]
+    places = [place for name, n in (("input_ids", n_tok), ("feed", n_tok), ("positions", n_tok),
+                                    ("slots", n_tok), ("query_lens", num_seqs),
+                                    ("context_lens", num_seqs))
+              for place in range(at[name], at[name] + n)] + table_places
     values = ids + feed + positions + slots + query_lens + context_lens + tables
     return PaddedInputs(values, places, logits_rows, owners, row_starts)

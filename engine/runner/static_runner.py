@@ -125,17 +125,17 @@ class StaticStepRunner:
         # from the token sources at `feed_index`: the host's id in `input_ids`, or, for a token
         # still in flight (overlapped steps, overlap.py), the previous step's sampled token in
         # `sampled`, without the host waiting for it.
-        regions = self.regions = InputRegions(self.max_seqs, max_tokens, self.max_blocks)
-        self._inputs = torch.zeros(regions.size, dtype=torch.long, device=device)
-        self._token_sources = self._inputs[:regions.feed]
-        self.sampled = self._inputs[:regions.input_ids]  # a decode step's argmax per row
-        self.input_ids = self._inputs[regions.input_ids:regions.feed]
-        self.feed_index = self._inputs[regions.feed:regions.positions]
-        self.positions = self._inputs[regions.positions:regions.slots]
-        self.slot_mapping = self._inputs[regions.slots:regions.query_lens]
-        self.query_lens = self._inputs[regions.query_lens:regions.context_lens]
-        self.context_lens = self._inputs[regions.context_lens:regions.tables]
-        self.block_tables = self._inputs[regions.tables:].view(self.max_seqs, self.max_blocks)
+        regions = self.regions = InputRegions.for_sizes(self.max_seqs, max_tokens,
+                                                        self.max_blocks)
+        self._inputs = torch.zeros(regions.total, dtype=torch.long, device=device)
+        view = {name: self._inputs[regions.start[name]:regions.start[name] + n]
+                for name, n in regions.size.items()}
+        self._token_sources = self._inputs[:regions.start["feed"]]
+        self.sampled = view["sampled"]  # a decode step's argmax per row
+        self.input_ids, self.feed_index = view["input_ids"], view["feed"]
+        self.positions, self.slot_mapping = view["positions"], view["slots"]
+        self.query_lens, self.context_lens = view["query_lens"], view["context_lens"]
+        self.block_tables = view["tables"].view(self.max_seqs, self.max_blocks)
         self.fed_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self._rows = torch.arange(max_tokens, device=device)
         self._staged = StagedCopy(device)
