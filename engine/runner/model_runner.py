@@ -26,6 +26,9 @@ class ModelInput:
     logits_row_starts: list[int]
     # Per scheduled request, the row of its first fed token in the step's hidden states.
     token_row_starts: list[int]
+    # (rows, sources): rows that feed a token still in flight (overlap.py), and each one's row
+    # in the token tensor of the step in flight
+    in_flight: tuple[list[int], list[int]] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -82,16 +85,34 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = device
 
-    def prepare(self, scheduled: Sequence[ScheduledRequest]) -> ModelInput:
-        return build_model_input(scheduled, self.kv_cache.block_size, self.device)
+    def prepare(self, scheduled: Sequence[ScheduledRequest],
+                in_flight: dict[int, int] | None = None) -> ModelInput:
+        """`in_flight` {id(request): row in the token tensor of the step in flight}: requests
+        whose fed token is that step's, not yet read; `feed_in_flight` writes them."""
+        model_input = build_model_input(scheduled, self.kv_cache.block_size, self.device)
+        if in_flight:
+            feeding = [(row, in_flight[id(s.request)])
+                       for s, row in zip(scheduled, model_input.token_row_starts)
+                       if id(s.request) in in_flight]
+            model_input.in_flight = ([row for row, _ in feeding], [src for _, src in feeding])
+        return model_input
+
+    def feed_in_flight(self, model_input: ModelInput, tokens: torch.Tensor) -> None:
+        """Writes, on the device, the tokens in flight into the rows that feed them."""
+        if not model_input.in_flight:
+            return
+        rows, sources = copy_to_device([torch.tensor(v) for v in model_input.in_flight],
+                                       tokens.device)
+        model_input.input_ids.index_copy_(0, rows, tokens.index_select(0, sources))
+
+    def greedy_tokens(self, model_input: ModelInput, logits: torch.Tensor) -> None:
+        """None: a flat step's greedy tokens are the sampler's (the padded runner's graph
+        takes them itself)."""
+        return None
 
     def run(self, model_input: ModelInput, known_tokens: dict[int, int] | None = None):
         """`execute` (the runner interface's name for it)."""
         return self.execute(model_input, known_tokens)
-
-    def fed_token_ids(self, model_input: ModelInput) -> torch.Tensor:
-        """The tensor the step's forward reads its token ids from."""
-        return model_input.input_ids
 
     def row_cost(self, num_seqs: int):
         """None: a flat step computes one row per fed token, whoever drafts."""

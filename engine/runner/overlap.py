@@ -6,8 +6,9 @@ the device: an H100 profile of the default model showed ~0.45 ms of host time a 
 nothing hid (docs/gpu.md). Here a step:
 1. schedules N+1 as if N's tokens were known: each request of N holds a placeholder token
    (PLACEHOLDER) at the output position N samples, so counts, positions and KV slots are right;
-2. builds N+1's inputs; the placeholders' rows are filled on the device from N's sampled tokens
-   (`index_copy_` from N's token tensor), so nothing waits for them;
+2. builds N+1's inputs; the placeholders' rows take N's sampled tokens on the device (the runner's
+   `feed_in_flight`: the padded step gathers them from its `sampled` buffer, the flat step copies
+   them in), so nothing waits for them;
 3. launches N+1 (forward and sampling) and starts the copy of its tokens to the host;
 4. only then reads N's tokens (the device has N+1 queued behind them), puts them in place of
    the placeholders, checks stop conditions and emits.
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.core.device import PendingRead, copy_to_device
+from engine.core.device import PendingRead
 from engine.core.request import Request
 from engine.core.scheduler import SchedulerOutput
 from engine.runner import runner_for
@@ -81,23 +82,18 @@ class OverlappedSteps:
         engine._recorder.start()
         plan = engine.scheduler.schedule(None)
         runner = runner_for(plan.scheduled, engine.runner, engine.static_runner)
-        padded = runner is engine.static_runner
-        if padded:  # the tokens in flight are fed on the device, from the runner's `sampled`
-            model_input = runner.prepare(plan.scheduled, self._in_flight_rows(plan, previous))
-        else:
-            model_input = runner.prepare(plan.scheduled)
-            self._feed_placeholders(plan, model_input, runner, previous)
+        model_input = runner.prepare(plan.scheduled, self._in_flight_rows(plan, previous))
+        if previous is not None:  # on the device: nothing waits for the tokens in flight
+            runner.feed_in_flight(model_input, previous.tokens)
         requests = [plan.scheduled[i].request for i in model_input.logits_owners]
         _hidden, logits = runner.run(model_input)
-        tokens = runner.greedy_tokens(model_input, logits) if padded and all(
+        tokens = runner.greedy_tokens(model_input, logits) if all(
             r.sampling_params.greedy for r in requests) else None
         if tokens is None:
             tokens = sample_on_device(requests, model_input.logits_row_starts, logits,
                                       engine.generator)
-            if padded:  # where the next step's graph reads them
-                runner.sampled[:len(requests)].copy_(tokens)
-        if padded and any(r.sampling_params.logprobs is not None for r in requests):
-            logits = logits.clone()  # the graph's buffer: the next step overwrites it
+        if any(r.sampling_params.logprobs is not None for r in requests):
+            logits = logits.clone()  # it may be a graph's buffer, which the next step rewrites
         positions = []
         for request in requests:  # the step's token is in flight: hold its place
             positions.append(request.num_output_tokens)
@@ -141,19 +137,6 @@ class OverlappedSteps:
         source = {id(request): i for i, request in enumerate(previous.requests)}
         return {id(s.request): source[id(s.request)] for s in plan.scheduled
                 if s.request.all_token_ids[s.request.num_computed_tokens] == PLACEHOLDER}
-
-    def _feed_placeholders(self, plan, model_input, runner, previous: InFlight | None) -> None:
-        """Writes, on the device, the tokens in flight into the flat rows that feed them."""
-        sources = self._in_flight_rows(plan, previous)
-        rows = [row for s, row in zip(plan.scheduled, model_input.token_row_starts)
-                if id(s.request) in sources]
-        if not rows:
-            return
-        sources = [sources[id(s.request)] for s in plan.scheduled if id(s.request) in sources]
-        target = runner.fed_token_ids(model_input)
-        rows_t, sources_t = copy_to_device([torch.tensor(rows), torch.tensor(sources)],
-                                           target.device)
-        target.index_copy_(0, rows_t, previous.tokens.index_select(0, sources_t))
 
     def _land(self, flight: InFlight) -> list[RequestOutput]:
         """Reads a step's tokens, puts them in place of their placeholders, finishes what they

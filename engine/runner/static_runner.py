@@ -227,6 +227,12 @@ class StaticStepRunner:
             return hidden, logits[:step.num_logits]
         return hidden, logits.index_select(0, step.logits_rows)
 
+    def feed_in_flight(self, step: StaticStep, tokens: torch.Tensor) -> None:
+        """Puts the tokens in flight where `prepare` pointed their rows: in `sampled`, where a
+        greedy step's graph already left them (the sampler's tokens are copied in)."""
+        if tokens.data_ptr() != self.sampled.data_ptr():
+            self.sampled[:tokens.shape[0]].copy_(tokens)
+
     def greedy_tokens(self, step: StaticStep, logits: torch.Tensor) -> torch.Tensor | None:
         """A decode step's argmax per sampling request (in `logits_owners` order), left in
         `sampled` on the device (where the next step feeds from): computed by its graph, or
