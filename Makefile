@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile $(wildcard engine/quant/csrc/*)
+$(STAMP): pyproject.toml Makefile $(wildcard engine/quant/csrc/*) $(wildcard engine/spec_decode/csrc/*)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
@@ -24,6 +24,8 @@ $(STAMP): pyproject.toml Makefile $(wildcard engine/quant/csrc/*)
 	# The GGUF CPU kernel (about a minute of g++); where it cannot build, the engine falls back
 	# to pure torch and says so in one log line.
 	$(BIN)/python -m engine.quant.kernels >/dev/null || echo "note: the GGUF CPU kernel did not build"
+	# The suffix trie in C++ (seconds); without it `suffix` uses the slower Python trie.
+	$(BIN)/python -m engine.spec_decode.suffix_native >/dev/null || echo "note: the C++ suffix trie did not build"
 	touch $@
 
 serve: install

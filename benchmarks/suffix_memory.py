@@ -142,8 +142,10 @@ def sample(url: str, server_pid: int, requests: int, failed: int, started: float
             **tree_rss_bytes(server_pid), "suffix_cache": suffix_cache_series(metrics)}
 
 
-def run(url: str, server_pid: int, args: argparse.Namespace) -> list[dict]:
-    """Sends the requests in runs that end at the checkpoints, sampling after each."""
+def run(url: str, server_pid: int, args: argparse.Namespace,
+        progress=lambda samples: None) -> list[dict]:
+    """Sends the requests in runs that end at the checkpoints, sampling after each and handing
+    the samples so far to `progress`."""
     rng = random.Random(args.seed)
     started = time.monotonic()
     samples = [sample(url, server_pid, 0, 0, started)]
@@ -159,6 +161,7 @@ def run(url: str, server_pid: int, args: argparse.Namespace) -> list[dict]:
             samples.append(sample(url, server_pid, sent, failed, started))
             print(f"{sent} requests ({failed} failed): RSS "
                   f"{samples[-1]['rss_bytes'] / 1e6:.1f} MB", file=sys.stderr)
+            progress(samples)
     return samples
 
 
@@ -181,13 +184,25 @@ def main(argv: list[str] | None = None) -> None:
                    port, ours=True)
     servers.wait_healthy()
     url, pid = servers.targets[0].url, servers.processes["suffix_memory"].pid
-    samples = run(url, pid, args)
+
+    def report(samples: list[dict]) -> dict:
+        return {"benchmark": "suffix_memory", "requests": args.requests,
+                "requests_done": samples[-1]["requests"], "max_tokens": args.max_tokens,
+                "concurrency": args.concurrency, "temperature": args.temperature,
+                "seed": args.seed, "server_args": args.server_args,
+                "server": servers.commands["suffix_memory"], **verdict(samples),
+                "samples": samples}
+
+    def checkpoint(samples: list[dict]) -> None:
+        # A run of 10,000 requests takes over an hour on a small CPU: what it has measured so
+        # far is on disk at every sample, marked partial, should it be stopped.
+        if args.output and samples[-1]["requests"] < args.requests:
+            Path(args.output).write_text(json.dumps({**report(samples), "partial": True},
+                                                    indent=1) + "\n")
+
+    samples = run(url, pid, args, checkpoint)
     servers.stop()
-    emit({"benchmark": "suffix_memory", "requests": args.requests,
-          "max_tokens": args.max_tokens, "concurrency": args.concurrency,
-          "temperature": args.temperature, "seed": args.seed, "server_args": args.server_args,
-          "server": servers.commands["suffix_memory"], **verdict(samples), "samples": samples},
-         args.output)
+    emit(report(samples), args.output)
 
 
 if __name__ == "__main__":

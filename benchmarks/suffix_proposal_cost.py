@@ -3,7 +3,8 @@
 A request with a long prompt decodes; each step the proposer reads the tokens the last step
 appended (1 to K + 1 of them, as acceptance varies), matches them in its own trie and in the
 tenant's global trie (filled with finished requests first), and drafts up to K tokens. The
-first step (indexing the prompt) is reported apart: it is paid once per request.
+first step (indexing the prompt) is reported apart: it is paid once per request. Each case runs
+on the C++ trie and on the pure-Python one (SPECSERVE_DISABLE_SUFFIX_NATIVE=1), taking turns.
 
     PYTHONPATH=. python benchmarks/suffix_proposal_cost.py --output benchmarks/results/x.json
 """
@@ -11,6 +12,7 @@ first step (indexing the prompt) is reported apart: it is paid once per request.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -19,6 +21,7 @@ from engine.config import SpeculativeConfig
 from engine.core.request import Request
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.suffix import build_suffix_proposer
+from engine.spec_decode.suffix_native import native_trie_class
 from specserve.bench.report import emit
 
 
@@ -32,7 +35,14 @@ def templated_tokens(rng: random.Random, length: int, vocab: int = 49152) -> lis
     return tokens[:length]
 
 
-def run(prompt_tokens: int, output_tokens: int, cached_requests: int, k: int, seed: int) -> dict:
+def run(prompt_tokens: int, output_tokens: int, cached_requests: int, k: int, seed: int,
+        trie: str) -> dict:
+    if trie == "python":
+        os.environ["SPECSERVE_DISABLE_SUFFIX_NATIVE"] = "1"
+    else:
+        os.environ.pop("SPECSERVE_DISABLE_SUFFIX_NATIVE", None)
+        if native_trie_class() is None:
+            raise SystemExit("the C++ suffix trie did not build")
     rng = random.Random(seed)
     proposer = build_suffix_proposer(SpeculativeConfig(speculative_method="suffix"))
     for _ in range(cached_requests):
@@ -56,7 +66,7 @@ def run(prompt_tokens: int, output_tokens: int, cached_requests: int, k: int, se
         steps.append(time.perf_counter() - started)
         drafted += len(proposal.draft_token_ids[0])
     steps_us = sorted(s * 1e6 for s in steps)
-    return {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+    return {"trie": trie, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
             "cached_requests": cached_requests, "k": k, "steps": len(steps),
             "first_step_us": round(first_step * 1e6, 1),
             "step_us_mean": round(statistics.fmean(steps_us), 2),
@@ -71,9 +81,11 @@ def main() -> None:
     parser.add_argument("--output", default=None)
     parser.add_argument("--cpu", default="unnamed", help="the CPU, for the record")
     args = parser.parse_args()
-    cases = [run(p, o, c, k, seed=i) for i, (p, o, c, k) in enumerate(
-        [(200, 256, 0, 5), (1000, 256, 100, 5), (4000, 256, 200, 5), (1000, 256, 100, 8),
-         (1000, 256, 100, 15), (4000, 256, 200, 15)])]  # 15: suffix's default K
+    shapes = [(200, 256, 0, 5), (1000, 256, 100, 5), (4000, 256, 200, 5), (1000, 256, 100, 8),
+              (1000, 256, 100, 15), (4000, 256, 200, 15),  # 15: suffix's default K
+              (4000, 256, 2000, 15)]
+    cases = [run(p, o, c, k, seed=i, trie=trie) for i, (p, o, c, k) in enumerate(shapes)
+             for trie in ("cpp", "python")]
     emit({"benchmark": "suffix_proposal_cost", "cpu": args.cpu, "cases": cases}, args.output)
 
 

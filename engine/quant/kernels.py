@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.core.cache_dir import cache_dir
+from engine.core.cpp_build import build_extension, extension_dir
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ ISA_GENERIC, ISA_AVX2, ISA_AVX512 = 0, 1, 2
 
 
 def build_dir() -> Path:
-    return cache_dir() / "extensions" / EXTENSION_NAME
+    return extension_dir(EXTENSION_NAME)
 
 
 @functools.cache
@@ -109,26 +109,16 @@ def torch_float32():
 
 
 def _build(verbose: bool):
-    from torch.utils.cpp_extension import load
-
-    # torch finds ninja on PATH; the `ninja` wheel installs it next to this interpreter, which
-    # is not on PATH when a venv's python is run without activating the venv.
-    bin_dir = str(Path(sys.executable).parent)
-    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
-    folder = build_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    return load(
-        name=EXTENSION_NAME,
-        sources=[str(SOURCE_DIR / name) for name in
-                 ("module.cpp", "isa.cpp", "gguf_cpu.cpp", "gguf_int8.cpp", "vec_ops.cpp",
-                  "cpu_ops.cpp", "paged_attention.cpp", "decoder_stack.cpp")],
-        extra_include_paths=[str(SOURCE_DIR)],
-        extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno"],
+    return build_extension(
+        EXTENSION_NAME,
+        [SOURCE_DIR / name for name in
+         ("module.cpp", "isa.cpp", "gguf_cpu.cpp", "gguf_int8.cpp", "vec_ops.cpp",
+          "cpu_ops.cpp", "paged_attention.cpp", "decoder_stack.cpp")],
+        SOURCE_DIR,
+        cflags=["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno"],
         # ATen's parallel_for is OpenMP inlined into the caller; the libgomp this links is the one
         # torch already loaded (same soname), so torch.set_num_threads governs it too.
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(folder),
+        ldflags=["-fopenmp"],
         verbose=verbose,
     )
 

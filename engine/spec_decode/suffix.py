@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from engine.core.request import Request
 from engine.spec_decode.proposer import Proposal, Proposer
 from engine.spec_decode.suffix_cache import GlobalSuffixCache, SuffixCacheStats
-from engine.spec_decode.suffix_tree import Draft, SuffixTrie, advance, draft_from, match
+from engine.spec_decode.suffix_native import new_trie
+from engine.spec_decode.suffix_tree import Draft
 
 ValidPrefix = Callable[[list[int]], int]  # how many leading tokens a grammar allows
 # Prompt tokens put in the global trie before a finished request's output: the end of a prompt
@@ -44,11 +45,11 @@ class _RequestSuffixes:
     """One live request's own trie and where its context stands in its tenant's global trie."""
 
     def __init__(self, max_depth: int, version: int):
-        self.local = SuffixTrie(max_depth)
+        self.local = new_trie(max_depth)
         self.active: list[int] = []  # local nodes of the context's suffixes, shortest first
         self.num_indexed = 0  # leading context tokens inserted into `local`
         self.version = version  # the request's num_truncations when `local` was built
-        self.global_trie: SuffixTrie | None = None
+        self.global_trie = None  # the tenant's trie in the global cache, when it has one
         self.global_version = -1
         self.global_matched: list[int] = []
         self.num_global_matched = 0  # leading context tokens `global_matched` has read
@@ -145,18 +146,19 @@ class SuffixProposer(Proposer):
         state = self._up_to_date(request)
         local, matched = state.local, state.active
         global_trie, global_matched = state.global_trie, state.global_matched
-        for token_id in appended:  # read across the drafts so far without indexing them
-            matched = advance(local, matched, token_id)
+        if appended:  # read across the drafts so far without indexing them
+            matched = local.advance_all(matched, appended)
             if global_trie is not None:
-                global_matched = advance(global_trie, global_matched, token_id)
+                global_matched = global_trie.advance_all(global_matched, appended)
         settings = self.settings
         context = request.all_token_ids
         tail = [*context[max(len(context) - settings.max_depth, 0):], *appended]
-        candidates = [draft_from(local, matched, tail, num_tokens, settings.max_spec_factor,
-                                 settings.min_token_prob)]
+        candidates = [local.draft(matched, tail, num_tokens, settings.max_spec_factor,
+                                  settings.min_token_prob)]
         if global_trie is not None:
-            candidates.append(draft_from(global_trie, global_matched, tail, num_tokens,
-                                         settings.max_spec_factor, settings.min_token_prob))
+            candidates.append(global_trie.draft(global_matched, tail, num_tokens,
+                                                settings.max_spec_factor,
+                                                settings.min_token_prob))
         return sorted((c for c in candidates if c is not None), key=lambda d: d.score,
                       reverse=True)
 
@@ -171,21 +173,17 @@ class SuffixProposer(Proposer):
             state = self._states[request] = _RequestSuffixes(self.settings.max_depth,
                                                              request.num_truncations)
             state.num_indexed = max(len(context) - LOCAL_PROMPT_TOKENS, 0)
-        local, active = state.local, state.active
-        for token_id in context[state.num_indexed:]:
-            active = local.extend(active, token_id)
-        state.active, state.num_indexed = active, len(context)
+        state.active = state.local.extend_all(state.active, context[state.num_indexed:])
+        state.num_indexed = len(context)
         trie = self.cache.trie(request.cache_salt)
         if trie is None:
             state.global_trie = None
         elif trie is not state.global_trie or trie.version != state.global_version \
                 or len(context) < state.num_global_matched:
             state.global_trie, state.global_version = trie, trie.version
-            state.global_matched = match(trie, context)
+            state.global_matched = trie.match(context[-(trie.max_depth - 1):])
         else:
-            matched = state.global_matched
-            for token_id in context[state.num_global_matched:]:
-                matched = advance(trie, matched, token_id)
-            state.global_matched = matched
+            state.global_matched = trie.advance_all(state.global_matched,
+                                                    context[state.num_global_matched:])
         state.num_global_matched = len(context)
         return state

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from engine.config import SUFFIX_CACHE_SCOPES
-from engine.spec_decode.suffix_tree import SuffixTrie
+from engine.spec_decode.suffix_native import new_trie
 
 SHARED_PARTITION = ""
 
@@ -42,7 +42,7 @@ class GlobalSuffixCache:
                              f"{', '.join(SUFFIX_CACHE_SCOPES)}, got {scope!r}")
         self.max_depth, self.max_requests, self.max_bytes = max_depth, max_requests, max_bytes
         self.scope = scope
-        self._tries: dict[str, SuffixTrie] = {}
+        self._tries: dict = {}  # partition -> trie
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # oldest first
         self._next_id = 0
         self._token_bytes = 0
@@ -53,7 +53,7 @@ class GlobalSuffixCache:
     def partition(self, cache_salt: str) -> str:
         return SHARED_PARTITION if self.scope == "global" else cache_salt
 
-    def trie(self, cache_salt: str) -> SuffixTrie | None:
+    def trie(self, cache_salt: str):
         """The trie a request with this salt may draft from (None: nothing cached for it)."""
         return self._tries.get(self.partition(cache_salt))
 
@@ -66,7 +66,7 @@ class GlobalSuffixCache:
         tokens = array("i", token_ids)
         trie = self._tries.get(partition)
         if trie is None:
-            trie = self._tries[partition] = SuffixTrie(self.max_depth)
+            trie = self._tries[partition] = new_trie(self.max_depth)
             self._num_nodes += trie.num_nodes
             self._trie_bytes += trie.num_bytes
         nodes, size = trie.num_nodes, trie.num_bytes
@@ -90,7 +90,7 @@ class GlobalSuffixCache:
         trie = self._tries[partition]
         if trie.num_free_slots <= trie.num_nodes:
             return False
-        fresh = SuffixTrie(self.max_depth)
+        fresh = new_trie(self.max_depth)
         for entry in self._entries.values():
             if entry.partition == partition:
                 fresh.insert(entry.token_ids)

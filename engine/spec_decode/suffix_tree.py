@@ -88,6 +88,32 @@ class SuffixTrie:
                 + sys.getsizeof(self._free) + self.num_nodes * NODE_INT_BYTES
                 + self.num_free_slots * FREE_ID_BYTES)
 
+    # The interface both tries share (suffix_native.py's C++ one has the same methods).
+    def extend_all(self, active: list[int], token_ids: Iterable[int]) -> list[int]:
+        for token_id in token_ids:
+            active = self.extend(active, token_id)
+        return active
+
+    def advance_all(self, matched: list[int], token_ids: Iterable[int]) -> list[int]:
+        for token_id in token_ids:
+            matched = advance(self, matched, token_id)
+        return matched
+
+    def match(self, token_ids: Sequence[int]) -> list[int]:
+        return match(self, token_ids)
+
+    def draft(self, matched: Sequence[int], tail: Sequence[int], num_tokens: int,
+              max_spec_factor: float, min_token_prob: float) -> Draft | None:
+        return draft_from(self, matched, tail, num_tokens, max_spec_factor, min_token_prob)
+
+    def count(self, node: int) -> int:
+        return self.counts[node]
+
+    def edge_list(self) -> list[tuple[int, int, int]]:
+        """(parent, token, child) of every edge."""
+        return [(key // EDGE_STRIDE, key % EDGE_STRIDE, child)
+                for key, child in self.edges.items()]
+
     def _new_node(self, token_id: int) -> int:
         if self._free:
             node = self._free.pop()
@@ -119,9 +145,7 @@ class SuffixTrie:
 
     def insert(self, token_ids: Iterable[int]) -> None:
         self.version += 1
-        active: list[int] = []
-        for token_id in token_ids:
-            active = self.extend(active, token_id)
+        self.extend_all([], token_ids)
 
     def remove(self, token_ids: Sequence[int]) -> None:
         """Takes back one earlier `insert(token_ids)`. A child whose count falls to 0 goes with

@@ -47,6 +47,8 @@ def test_the_wheel_holds_no_top_level_benchmarks(wheel):
     assert not any(re.match(r"benchmarks/", name) for name in names)
     assert "specserve/bench/data/humaneval_subset.jsonl" in names  # the bench's prompt sets
     assert "specserve/bench/cli.py" in names
+    # the C++ sources travel too, so an installed wheel can build its kernels and suffix trie
+    assert {"engine/quant/csrc/module.cpp", "engine/spec_decode/csrc/suffix_trie.cpp"} <= set(names)
 
 
 def test_specserve_bench_runs_from_the_installed_wheel(wheel, tmp_path):
