@@ -5,14 +5,16 @@
 
 One `specserve serve` per method (the default model, defaults otherwise), all started first. At
 batch 1 they are fed the same turns, the methods taking turns on every request (whoever goes
-first on a machine runs a little slower); at `--concurrency N` each runs the whole workload in
-its turn, N episodes at a time, the method going first rotating per workload. With
+first on a machine runs a little slower); at `--concurrency N` the episodes go in waves of N,
+every method running a wave (N episodes in flight) before the next, the method going first
+rotating per wave (benchmarks/agentic_run.py). `--rounds R` draws the workloads R times (seed,
+seed + 1, ...) and sums over them. With
 `--llama-server`, llama.cpp's own server with its n-gram cache runs beside ours
 (benchmarks/agentic_servers.py). Workloads (benchmarks/agentic_workloads.py): an agent
 loop re-sending its history, one template over different inputs, one prompt repeated at T = 0
 and at T = 0.7 (seeded), and fresh chat as the control. Per workload and method: completion
-tokens per second (at batch 1 over the requests' latencies, at concurrency N over the workload's
-wall time), acceptance from `usage.speculative` (llama-server's `timings` draft counts), and
+tokens per second (at batch 1 over the requests' latencies, at concurrency N over the sum of
+the waves' wall times), acceptance from `usage.speculative` (llama-server's `timings` draft counts), and
 suffix's tokens/s over every other target's. Greedy and seeded outputs of our methods must agree
 (lossless; llama.cpp's numerics differ); the report says whether they did. The machine's load
 (`uptime`) is recorded before and after. `--plot` draws the report (benchmarks/agentic_plot.py).
@@ -26,33 +28,49 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from benchmarks.agentic_run import (Chat, Target, http_chat, run_concurrently,
-                                    run_interleaved, summarize)
+from benchmarks.agentic_run import (Chat, Target, TurnRecord, http_chat, renumbered,
+                                    run_in_waves, run_interleaved, summarize)
 from benchmarks.agentic_servers import start_all
 from benchmarks.agentic_workloads import (DEFAULT_REPEATS, WORKLOAD_NAMES,
                                           Workload, all_workloads,
                                           select_workloads)
 from benchmarks.machine import cpu_model, our_versions
-from specserve.bench.report import emit, taking_turns
+from specserve.bench.report import emit
 
 METHODS = ("none", "ngram", "suffix", "auto")
 
 
 def run_workload(workload: Workload, targets: list[Target], chat: Chat, concurrency: int,
-                 workload_index: int) -> dict:
-    """Batch 1: interleaved per request. Concurrency N: target after target, whoever goes first
-    rotating with the workload's index."""
+                 workload_index: int) -> tuple[list[TurnRecord], dict[str, float] | None]:
+    """Batch 1: interleaved per request. Concurrency N: in waves of N episodes, whoever goes
+    first rotating per wave from the workload's index. (Records, wall seconds per target, or
+    None at batch 1.)"""
     if concurrency == 1:
-        result = summarize(run_interleaved(workload, targets, chat), targets)
-    else:
-        records, wall_seconds = [], {}
-        for target in taking_turns(targets, workload_index):
-            mine, wall_seconds[target.label] = run_concurrently(workload, target, chat,
-                                                                concurrency)
-            records += mine
-        result = summarize(records, targets, wall_seconds)
+        return run_interleaved(workload, targets, chat), None
+    return run_in_waves(workload, targets, chat, concurrency, workload_index)
+
+
+def run_rounds(rounds: list[list[Workload]], targets: list[Target], chat: Chat,
+               concurrency: int) -> dict:
+    """Every round's workloads in turn (a round: the workloads drawn with one seed), each
+    workload's records and wall times summed over the rounds, then summarized."""
+    records: dict[str, list] = {}
+    walls: dict[str, dict[str, float]] = {}
+    episodes: dict[str, int] = {}
+    for round_index, workloads in enumerate(rounds):
+        for index, workload in enumerate(workloads):
+            mine, wall = run_workload(workload, targets, chat, concurrency,
+                                      round_index + index)
+            offset = episodes.get(workload.name, 0)
+            records.setdefault(workload.name, []).extend(renumbered(mine, offset))
+            episodes[workload.name] = offset + len(workload.episodes)
+            for label, seconds in (wall or {}).items():
+                walls.setdefault(workload.name, {}).setdefault(label, 0.0)
+                walls[workload.name][label] += seconds
+            print(f"round {round_index}, {workload.name}: done", file=sys.stderr)
     # fewer episodes than --concurrency: never that many in flight (raise --scale, --repeats)
-    return {"episodes": len(workload.episodes), **result}
+    return {name: {"episodes": episodes[name], **summarize(found, targets, walls.get(name))}
+            for name, found in records.items()}
 
 
 def _load() -> str:
@@ -71,6 +89,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=1,
                         help="episodes in flight at once (1: batch 1, methods interleaved)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the workloads this often, drawn afresh each round (seed + "
+                             "round), and report the sums: more requests against the noise")
     parser.add_argument("--server-args", default="", help="more `specserve serve` flags")
     parser.add_argument("--llama-server", default=None, metavar="PATH",
                         help="llama-server binary: compare with its --spec-type ngram-cache")
@@ -83,8 +104,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plot", default=None, metavar="PATH.png",
                         help="draw tokens/s and acceptance per workload (benchmarks/agentic_plot)")
     args = parser.parse_args(argv)
-    if args.concurrency < 1:
-        parser.error(f"--concurrency must be >= 1, got {args.concurrency}")
+    if args.concurrency < 1 or args.rounds < 1:
+        parser.error(f"--concurrency and --rounds must be >= 1, got {args.concurrency} and "
+                     f"{args.rounds}")
     if args.llama_server_plain and not args.llama_server:
         parser.error("--llama-server-plain needs --llama-server PATH")
     return args
@@ -93,8 +115,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        workloads = select_workloads(all_workloads(args.seed, args.scale, args.repeats),
-                                     args.workloads.split(",") if args.workloads else None)
+        rounds = [select_workloads(all_workloads(args.seed + round_index, args.scale,
+                                                 args.repeats),
+                                   args.workloads.split(",") if args.workloads else None)
+                  for round_index in range(args.rounds)]
     except ValueError as error:
         raise SystemExit(str(error)) from None
     if args.plot:
@@ -106,16 +130,13 @@ def main(argv: list[str] | None = None) -> None:
                         args.llama_server, args.llama_server_plain, args.llama_server_threads,
                         args.concurrency)
     chat = partial(http_chat, max_tokens=args.max_tokens)
-    results = {}
-    for index, workload in enumerate(workloads):
-        results[workload.name] = run_workload(workload, servers.targets, chat, args.concurrency,
-                                              index)
-        print(f"{workload.name}: {results[workload.name]}", file=sys.stderr)
+    results = run_rounds(rounds, servers.targets, chat, args.concurrency)
     servers.stop()
     report = {"benchmark": "agentic", "cpu": cpu_model(), "cpu_note": args.cpu_note,
               "versions": our_versions(), "batch": 1 if args.concurrency == 1 else None,
               "concurrency": args.concurrency, "max_tokens": args.max_tokens,
               "scale": args.scale, "repeats": args.repeats, "seed": args.seed,
+              "rounds": args.rounds,
               "server_args": args.server_args, "servers": servers.commands,
               "load_before": load_before, "load_after": _load(), "workloads": results}
     emit(report, args.output)

@@ -5,8 +5,10 @@ answer to the one before, because a turn with `history` re-sends the replies (an
 
   batch 1        every target answers every turn before the next turn is sent, the targets
                  taking turns on who goes first (run_interleaved)
-  concurrency N  one target at a time runs the whole workload, N episodes in flight at once
-                 (run_concurrently); its tokens/s is over the workload's wall time
+  concurrency N  the episodes in waves of N: every target runs a wave, N episodes in flight
+                 at once, before the next wave is sent, the targets taking turns on who goes
+                 first (run_in_waves); a target's tokens/s is over the sum of its waves' wall
+                 times, so the host's speed drifting over minutes falls on every target alike
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -116,15 +118,38 @@ def run_interleaved(workload: Workload, targets: list[Target], chat: Chat) -> li
     return records
 
 
-def run_concurrently(workload: Workload, target: Target, chat: Chat,
-                     concurrency: int) -> tuple[list[TurnRecord], float]:
-    """The whole workload on one target, `concurrency` episodes at a time: (records, wall s)."""
+def run_concurrently(workload: Workload, target: Target, chat: Chat, concurrency: int,
+                     episodes: range | None = None) -> tuple[list[TurnRecord], float]:
+    """The workload's `episodes` (all by default) on one target, `concurrency` at a time:
+    (records, wall s)."""
+    episodes = range(len(workload.episodes)) if episodes is None else episodes
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        episodes = list(pool.map(lambda episode: run_episode(workload, episode, target, chat),
-                                 range(len(workload.episodes))))
+        answered = list(pool.map(lambda episode: run_episode(workload, episode, target, chat),
+                                 episodes))
     wall_s = time.perf_counter() - started
-    return [record for records in episodes for record in records], wall_s
+    return [record for records in answered for record in records], wall_s
+
+
+def run_in_waves(workload: Workload, targets: list[Target], chat: Chat, concurrency: int,
+                 first: int = 0) -> tuple[list[TurnRecord], dict[str, float]]:
+    """Concurrency N, interleaved: the episodes in waves of N, every target running a wave
+    before the next, whoever goes first rotating per wave (starting at `first`): (records,
+    each target's wall seconds summed over its waves)."""
+    records, wall_seconds = [], {target.label: 0.0 for target in targets}
+    for wave, start in enumerate(range(0, len(workload.episodes), concurrency)):
+        episodes = range(start, min(start + concurrency, len(workload.episodes)))
+        for target in taking_turns(targets, first + wave):
+            mine, seconds = run_concurrently(workload, target, chat, concurrency, episodes)
+            records += mine
+            wall_seconds[target.label] += seconds
+    return records, wall_seconds
+
+
+def renumbered(records: list[TurnRecord], offset: int) -> list[TurnRecord]:
+    """The records with their episodes numbered from `offset`: a later round's episodes are
+    other episodes than an earlier round's, though both count from 0."""
+    return [replace(record, episode=record.episode + offset) for record in records]
 
 
 def summarize(records: list[TurnRecord], targets: list[Target],

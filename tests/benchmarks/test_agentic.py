@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from benchmarks.agentic import run_workload
+from benchmarks.agentic import run_rounds, run_workload
 from benchmarks.agentic_plot import plot_agentic, target_labels
-from benchmarks.agentic_run import (Target, TurnRecord, run_concurrently,
-                                    run_interleaved, speculative_counts,
+from benchmarks.agentic_run import (Target, TurnRecord, renumbered, run_concurrently,
+                                    run_in_waves, run_interleaved, speculative_counts,
                                     summarize)
 from benchmarks.agentic_servers import free_ports, llama_server_command
 from benchmarks.agentic_workloads import (Turn, Workload, all_workloads,
@@ -158,11 +158,39 @@ def test_concurrent_workloads_rotate_the_target_that_goes_first():
     orders = []
     for index in range(3):
         chat = FakeChat()
-        result = run_workload(agent_workload(2, 1), OURS, chat, concurrency=2,
-                              workload_index=index)
+        _, wall_seconds = run_workload(agent_workload(2, 1), OURS, chat, concurrency=2,
+                                       workload_index=index)
         orders.append(list(dict.fromkeys(label for label, _, _ in chat.calls)))
-        assert result["suffix"]["wall_s"] >= 0
+        assert wall_seconds["suffix"] >= 0
     assert [order[0] for order in orders] == ["none", "ngram", "suffix"]
+
+
+def test_concurrent_waves_interleave_the_targets_and_sum_their_wall_times():
+    chat = FakeChat(delay_s=0.02)
+    records, wall_seconds = run_in_waves(agent_workload(5, 2), OURS, chat, concurrency=2)
+    # three waves (episodes 0-1, 2-3, 4): every target runs a wave before the next starts,
+    # and who goes first rotates
+    waves = [[label for label, user, _ in chat.calls if user[1] in wave]
+             for wave in ("01", "23", "4")]
+    assert [list(dict.fromkeys(wave)) for wave in waves] == [
+        ["none", "ngram", "suffix"], ["ngram", "suffix", "none"], ["suffix", "none", "ngram"]]
+    assert chat.max_in_flight == 2
+    assert len(records) == 3 * 10
+    # each target's wall time is its three waves': two turns of 20 ms each
+    assert all(0.11 < seconds < 0.5 for seconds in wall_seconds.values()), wall_seconds
+
+
+def test_rounds_number_their_episodes_apart_and_sum_the_waves():
+    chat = FakeChat()
+    rounds = [[agent_workload(2, 1)], [agent_workload(3, 1)]]
+    result = run_rounds(rounds, OURS, chat, concurrency=2)["loop"]
+    assert result["episodes"] == 5 and result["requests"] == 5
+    assert result["suffix"]["completion_tokens"] == 5 * 3
+    # negative control: not renumbered, the second round's episodes 0-1 merge with the first's
+    merged = [*run_in_waves(rounds[0][0], OURS, chat, 2)[0],
+              *run_in_waves(rounds[1][0], OURS, chat, 2)[0]]
+    assert summarize(merged, OURS)["requests"] == 3
+    assert summarize([*merged[:6], *renumbered(merged[6:], 2)], OURS)["requests"] == 5
 
 
 def test_workload_subset_and_repeats():
