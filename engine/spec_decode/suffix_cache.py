@@ -19,6 +19,14 @@ from engine.spec_decode.suffix_native import new_trie
 SHARED_PARTITION = ""
 
 
+def max_new_nodes(length: int, max_depth: int) -> int:
+    """The most nodes inserting `length` tokens can add: one per substring of up to max_depth
+    tokens starting at each position, as if none were in the trie yet."""
+    if length <= max_depth:
+        return length * (length + 1) // 2
+    return max_depth * (length - max_depth) + max_depth * (max_depth + 1) // 2
+
+
 @dataclass
 class SuffixCacheStats:
     num_requests: int = 0  # finished requests whose tokens are in the cache
@@ -58,17 +66,15 @@ class GlobalSuffixCache:
         return self._tries.get(self.partition(cache_salt))
 
     def add(self, cache_salt: str, token_ids: list[int]) -> None:
-        """Puts a finished request's tokens in its partition, then evicts the oldest requests
-        while over a bound. A sequence alone over the byte budget is not kept."""
+        """Puts a finished request's tokens in its partition, evicting the oldest requests first
+        where its trie would otherwise grow past the byte budget, and after it while over a
+        bound. A sequence alone over the byte budget is not kept."""
         if not token_ids or self.max_requests == 0:
             return
         partition = self.partition(cache_salt)
         tokens = array("i", token_ids)
-        trie = self._tries.get(partition)
-        if trie is None:
-            trie = self._tries[partition] = new_trie(self.max_depth)
-            self._num_nodes += trie.num_nodes
-            self._trie_bytes += trie.num_bytes
+        self._make_room(partition, tokens)
+        trie = self._trie_of(partition)
         nodes, size = trie.num_nodes, trie.num_bytes
         trie.insert(tokens)
         self._num_nodes += trie.num_nodes - nodes
@@ -80,6 +86,28 @@ class GlobalSuffixCache:
                                  or self.num_bytes > self.max_bytes):
             if len(self._entries) == 1 and self._rebuild(partition):
                 continue  # the room its evicted predecessors left is given back: recheck
+            self._evict_oldest()
+
+    def _trie_of(self, partition: str):
+        trie = self._tries.get(partition)
+        if trie is None:
+            trie = self._tries[partition] = new_trie(self.max_depth)
+            self._num_nodes += trie.num_nodes
+            self._trie_bytes += trie.num_bytes
+        return trie
+
+    def _make_room(self, partition: str, tokens: array) -> None:
+        """Evicts the oldest requests until the partition's trie can take `tokens` within the
+        byte budget: in the room that evictions free in it, or by growing. Evicting only after
+        an insert let a trie double its tables past the budget, and the evictions that followed
+        (which free slots but no allocation) ran until a rebuild halved the cache."""
+        worst = max_new_nodes(len(tokens), self.max_depth)
+        incoming = tokens.itemsize * len(tokens)
+        while self._entries:
+            trie = self._trie_of(partition)
+            growth = trie.num_bytes_with(worst) - trie.num_bytes
+            if self.num_bytes + incoming + growth <= self.max_bytes:
+                return
             self._evict_oldest()
 
     def _rebuild(self, partition: str) -> bool:

@@ -78,6 +78,13 @@ class EdgeTable {
 
     size_t num_bytes() const { return keys_.capacity() * 8 + values_.capacity() * 4; }
 
+    // num_bytes() once `more` edges were added: the capacity doubles while they would not fit.
+    size_t num_bytes_with(size_t more) const {
+        size_t capacity = keys_.size();
+        while ((size_ + more) * 10 > capacity * 7) capacity *= 2;
+        return capacity * 12;
+    }
+
   private:
     size_t home(uint64_t key) const { return (key * 0x9E3779B97F4A7C15ull) >> shift_; }
 
@@ -240,6 +247,16 @@ class SuffixTrie {
                4 * (counts_.capacity() + best_.capacity() + tokens_.capacity() + free_.capacity());
     }
 
+    // num_bytes() once `more` nodes were added: freed ids are reused first, then the node arrays
+    // grow as push_back grows them (doubling), and the edge table as it does.
+    size_t num_bytes_with(size_t more) const {
+        size_t appended = more > free_.size() ? more - free_.size() : 0;
+        size_t capacity = counts_.capacity(), needed = counts_.size() + appended;
+        while (capacity < needed) capacity = std::max<size_t>(2 * capacity, 1);
+        return sizeof(*this) + edges_.num_bytes_with(more) +
+               4 * (3 * capacity + free_.capacity());
+    }
+
   private:
     // Node ids come back from Python: one this trie never gave out would index past its arrays.
     void check_nodes(const Nodes& nodes) const {
@@ -316,5 +333,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         .def_property_readonly("version", &SuffixTrie::version)
         .def_property_readonly("num_nodes", &SuffixTrie::num_nodes)
         .def_property_readonly("num_free_slots", &SuffixTrie::num_free_slots)
-        .def_property_readonly("num_bytes", &SuffixTrie::num_bytes);
+        .def_property_readonly("num_bytes", &SuffixTrie::num_bytes)
+        .def("num_bytes_with", &SuffixTrie::num_bytes_with);
 }

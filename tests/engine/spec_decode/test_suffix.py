@@ -134,13 +134,11 @@ def test_an_aborted_request_without_output_adds_nothing():
     assert PROMPT_TAIL_TOKENS <= len(PROMPT)
 
 
-def test_the_byte_budget_bounds_what_the_cache_really_holds():
-    """The estimate the budget is checked against is not below the memory Python allocates
-    (tracemalloc), so a cache at its budget holds at most about that much."""
+def phrase_text(seed):
+    """Text-like token sequences: phrases from a small pool, so substrings repeat."""
     import random
-    import tracemalloc
 
-    rng = random.Random(0)
+    rng = random.Random(seed)
     phrases = [[rng.randrange(49152) for _ in range(rng.randrange(2, 9))] for _ in range(200)]
 
     def text(length):
@@ -148,19 +146,89 @@ def test_the_byte_budget_bounds_what_the_cache_really_holds():
         while len(tokens) < length:
             tokens.extend(rng.choice(phrases))
         return tokens[:length]
+    return text
 
+
+def malloc_in_use() -> int:
+    """Bytes glibc's malloc has handed out and not had back (mallinfo2): what the C++ trie
+    allocates, which tracemalloc does not see."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "mallinfo2"):
+        pytest.skip("no mallinfo2 here (glibc < 2.33)")
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+
+    libc.mallinfo2.restype = Mallinfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+@pytest.mark.parametrize("trie", ["python", "native"])
+def test_the_byte_budget_bounds_what_the_cache_really_holds(trie, monkeypatch):
+    """The count the budget is checked against is not below the memory really allocated
+    (tracemalloc for the Python trie, malloc for the C++ one), so a cache at its budget holds
+    at most about that much."""
+    import tracemalloc
+
+    from engine.spec_decode import suffix_native
+
+    if trie == "python":
+        monkeypatch.setattr(suffix_native, "native_trie_class", lambda: None)
+    elif suffix_native.native_trie_class() is None:
+        pytest.skip("the C++ suffix trie did not build here")
+    text = phrase_text(0)
     budget = 2 * 2**20
+    before = malloc_in_use() if trie == "native" else 0
     tracemalloc.start()
     try:
         suffix = proposer(suffix_cache_max_bytes=budget)
-        for _ in range(60):
+        for _ in range(60 if trie == "python" else 200):
             suffix.request_finished(finished(text(8), text(120)))
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    if trie == "native":
+        held = malloc_in_use() - before
     stats = suffix.cache_stats()
     assert stats.num_evictions > 0 and stats.num_bytes <= budget
     assert held <= 1.1 * budget
+    # and the count is not far above it either: a cache at its budget does hold about that
+    assert held >= 0.6 * stats.num_bytes
+
+
+def test_a_cache_at_its_budget_evicts_a_little_at_a_time(monkeypatch):
+    """Room is made before an insert: a full cache evicts about as much as each request adds.
+    Evicting after the insert let a table double past the budget, and the cache then evicted
+    until a rebuild halved it (the negative control)."""
+    from engine.spec_decode import suffix_native
+    from engine.spec_decode.suffix_cache import GlobalSuffixCache
+
+    if suffix_native.native_trie_class() is None:
+        pytest.skip("the C++ suffix trie did not build here")
+
+    def held_over_time(cache):
+        text, counts = phrase_text(1), []
+        for _ in range(600):
+            cache.add("", text(120))
+            counts.append(cache.stats().num_requests)
+            assert cache.num_bytes <= cache.max_bytes
+        return counts[counts.index(max(counts)):]  # from the first time it was full
+
+    budget = 2 * 2**20
+    steady = held_over_time(GlobalSuffixCache(24, 10_000, budget))
+    assert min(steady) > 0.8 * max(steady), (min(steady), max(steady))
+
+    class EvictingAfter(GlobalSuffixCache):
+        def _make_room(self, partition, tokens):
+            pass
+
+    halved = held_over_time(EvictingAfter(24, 10_000, budget))
+    assert min(halved) < 0.6 * max(halved)
 
 
 def test_a_long_prompt_is_indexed_from_its_last_tokens_only(monkeypatch):
