@@ -38,6 +38,7 @@ from engine.core.device import PendingRead
 from engine.core.request import Request
 from engine.core.scheduler import SchedulerOutput
 from engine.runner import runner_for
+from engine.sample.nan_rows import nan_requests, zero_nan_rows
 from engine.sample.verifier import sample_on_device
 
 if TYPE_CHECKING:  # the engine's public output type, one level up
@@ -56,7 +57,7 @@ class InFlight:
     row_starts: list[int]  # per request, its logits row
     logits: torch.Tensor  # kept for logprobs
     tokens: torch.Tensor  # [num_requests] on the device: what feeds the next step
-    read: PendingRead  # the same tokens, on their way to the host
+    read: PendingRead  # the same tokens, then each logits row's NaN flag, on their way to the host
 
 
 def uses_async_scheduling(setting: bool | None, device: torch.device) -> bool:
@@ -86,12 +87,17 @@ class OverlappedSteps:
         if previous is not None:  # on the device: nothing waits for the tokens in flight
             runner.feed_in_flight(model_input, previous.tokens)
         requests = [plan.scheduled[i].request for i in model_input.logits_owners]
+        row_starts = model_input.logits_row_starts
         _hidden, logits = runner.run(model_input)
+        # As a synchronous step does (failures.verify_step): a request with a NaN row fails
+        # alone, and the row is zeroed first, so sampling it cannot draw an id past the
+        # vocabulary that the next step would feed the model.
+        engine.faults.corrupt_logits(requests, row_starts, logits)
+        nan_flags = zero_nan_rows(logits)
         tokens = runner.greedy_tokens(model_input, logits) if all(
             r.sampling_params.greedy for r in requests) else None
         if tokens is None:
-            tokens = sample_on_device(requests, model_input.logits_row_starts, logits,
-                                      engine.generator)
+            tokens = sample_on_device(requests, row_starts, logits, engine.generator)
         if any(r.sampling_params.logprobs is not None for r in requests):
             logits = logits.clone()  # it may be a graph's buffer, which the next step rewrites
         positions = []
@@ -100,8 +106,9 @@ class OverlappedSteps:
             request.append_output_token(PLACEHOLDER)
             request.num_placeholder_tokens += 1
             request.num_computed_tokens += 1
-        self.in_flight = InFlight(plan, requests, positions, model_input.logits_row_starts,
-                                  logits, tokens, PendingRead(tokens))
+        # the NaN flags travel in the tokens' copy: one wait for the device, not two
+        read = PendingRead(torch.cat((tokens, nan_flags.device.to(tokens.dtype))))
+        self.in_flight = InFlight(plan, requests, positions, row_starts, logits, tokens, read)
         if previous is not None:
             self.num_overlapped += 1
             return self._land(previous)
@@ -146,9 +153,18 @@ class OverlappedSteps:
         scheduler = engine.scheduler
         now = time.monotonic()
         outputs, latencies, num_prompt_tokens = [], [], 0
+        landed = flight.read.result()
+        tokens, row_is_nan = landed[:len(flight.requests)], landed[len(flight.requests):]
+        failed = nan_requests(flight.requests, flight.row_starts, row_is_nan)
         for request, position, token, row_start in zip(
-                flight.requests, flight.positions, flight.read.result(), flight.row_starts):
+                flight.requests, flight.positions, tokens, flight.row_starts):
             if request.is_finished:
+                continue
+            if request.request_id in failed:  # its token is dropped, and the one after it
+                request.truncate_output(position)
+                engine._fail(request, failed[request.request_id])
+                outputs.append(engine._emit(request, position, row_start, flight.logits, now,
+                                            []))
                 continue
             request.output_token_ids[position] = token
             request.all_token_ids[request.num_prompt_tokens + position] = token

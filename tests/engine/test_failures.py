@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine.core.request import Request
-from engine.failures import nan_requests, verify_isolated, zero_nan_rows
+from engine.failures import verify_isolated
+from engine.sample.nan_rows import nan_requests, zero_nan_rows
 from engine.grammar import Constraint, GrammarCompiler, GrammarError
 from engine.grammar.masks import allocate_bitmask, build_bitmask
 from engine.sampling_params import SamplingParams

@@ -116,3 +116,47 @@ def test_overlap_asked_for_with_speculation_is_refused_not_ignored():
     # its default (None: on for CUDA) with speculation, and on without it, are fine
     EngineConfig.from_kwargs(speculative_method="ngram")
     EngineConfig.from_kwargs(async_scheduling=True, speculative_method="none")
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_nan_logits_in_an_overlapped_step_fail_that_request_alone(tiny_chat_model_folder, padded,
+                                                                   temperature):
+    """A NaN row found in a decode step that overlapped: its request ends with an error and
+    none of the tokens past it, as a synchronous step would end it, and the other request
+    runs on unchanged (its row was never zeroed, sampled or fed from the NaN one)."""
+    from engine.faults import Faults
+
+    plain, overlapped = _engines(tiny_chat_model_folder, padded)
+    params = [SamplingParams(max_tokens=16, temperature=temperature, seed=3 + i, ignore_eos=True)
+              for i in range(2)]
+    reference = plain.generate(PROMPTS[:2], params)
+    assert [o.finish_reason for o in reference] == ["length", "length"]  # the control
+    engine = overlapped.engine
+    ids = [engine.add_request(prompt, p) for prompt, p in zip(PROMPTS[:2], params)]
+    streamed = {request_id: [] for request_id in ids}
+    finished = {}
+
+    def step():
+        for out in engine.step():
+            streamed[out.request_id] += out.delta_token_ids
+            if out.finished:
+                finished[out.request_id] = out
+
+    for _ in range(6):
+        step()
+    assert engine.overlap.in_flight is not None
+    faulty = next(r for r in engine.scheduler.running if r.request_id == ids[0])
+    engine.faults = Faults(frozenset({"nan_logits"}))
+    engine.faults._marked[faulty] = {"nan_logits"}  # its next launched step's rows are NaN
+    while engine.has_unfinished():
+        step()
+    failed, other = finished[ids[0]], finished[ids[1]]
+    assert failed.finish_reason == "error" and "NaN" in failed.error
+    assert PLACEHOLDER not in failed.token_ids
+    assert streamed[ids[0]] == reference[0].token_ids[:len(streamed[ids[0]])]
+    assert len(streamed[ids[0]]) < 16
+    assert other.finish_reason == "length" and streamed[ids[1]] == reference[1].token_ids
+    assert _all_blocks_free(overlapped)
+    engine.faults = Faults()
+    assert overlapped.generate(PROMPTS[:1], params[:1])[0].token_ids == reference[0].token_ids
