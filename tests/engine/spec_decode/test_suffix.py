@@ -7,6 +7,7 @@ from engine.config import SpeculativeConfig
 from engine.core.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.suffix import PROMPT_TAIL_TOKENS, build_suffix_proposer
+from tests.engine.spec_decode.suffix_helpers import finished, phrase_text
 
 ANSWER = [501, 502, 503, 504, 505, 506, 507, 508, 509, 510]
 PROMPT = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
@@ -14,14 +15,6 @@ PROMPT = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
 
 def proposer(**options):
     return build_suffix_proposer(SpeculativeConfig(speculative_method="suffix", **options))
-
-
-def finished(prompt, output, salt=""):
-    request = Request("done", list(prompt), SamplingParams(), cache_salt=salt)
-    for token in output:
-        request.append_output_token(token)
-    request.status = RequestStatus.FINISHED_STOPPED
-    return request
 
 
 def live(prompt, output=(), salt=""):
@@ -132,21 +125,6 @@ def test_an_aborted_request_without_output_adds_nothing():
     suffix.request_finished(finished(PROMPT, ANSWER))
     assert suffix.cache_stats().num_requests == 1
     assert PROMPT_TAIL_TOKENS <= len(PROMPT)
-
-
-def phrase_text(seed):
-    """Text-like token sequences: phrases from a small pool, so substrings repeat."""
-    import random
-
-    rng = random.Random(seed)
-    phrases = [[rng.randrange(49152) for _ in range(rng.randrange(2, 9))] for _ in range(200)]
-
-    def text(length):
-        tokens = []
-        while len(tokens) < length:
-            tokens.extend(rng.choice(phrases))
-        return tokens[:length]
-    return text
 
 
 def malloc_in_use() -> int:

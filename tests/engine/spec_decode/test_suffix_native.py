@@ -7,11 +7,12 @@ import random
 import pytest
 
 from engine.config import SpeculativeConfig
-from engine.core.request import Request, RequestStatus
+from engine.core.request import Request
 from engine.sampling_params import SamplingParams
 from engine.spec_decode import suffix_native
 from engine.spec_decode.suffix import build_suffix_proposer
 from engine.spec_decode.suffix_tree import SuffixTrie
+from tests.engine.spec_decode.suffix_helpers import finished, phrase_text
 
 
 @pytest.fixture(scope="module")
@@ -106,29 +107,13 @@ def test_the_cpp_trie_holds_a_node_in_a_quarter_of_the_python_memory(native):
     assert cpp.num_bytes * 3 < python.num_bytes
 
 
-def finished(prompt, output):
-    request = Request("done", list(prompt), SamplingParams())
-    for token in output:
-        request.append_output_token(token)
-    request.status = RequestStatus.FINISHED_STOPPED
-    return request
-
-
 def proposal_stream(monkeypatch, use_native):
     """The drafts of a suffix proposer over a templated stream, with either trie."""
     if not use_native:
         monkeypatch.setattr(suffix_native, "native_trie_class", lambda: None)
     proposer = build_suffix_proposer(SpeculativeConfig(speculative_method="suffix"))
     assert isinstance(suffix_native.new_trie(4), SuffixTrie) != use_native
-    rng = random.Random(3)
-    phrases = [[rng.randrange(1000) for _ in range(rng.randrange(2, 7))] for _ in range(20)]
-
-    def text(length):
-        tokens = []
-        while len(tokens) < length:
-            tokens.extend(rng.choice(phrases))
-        return tokens[:length]
-
+    text, rng = phrase_text(3, vocab=1000, num_phrases=20, longest_phrase=6), random.Random(4)
     for _ in range(10):
         proposer.request_finished(finished(text(30), text(60)))
     stream = text(400)
