@@ -161,8 +161,9 @@ class SpeculativeConfig:
         checks = [
             (2 <= self.suffix_max_depth <= 256,
              f"--suffix-max-depth must be in [2, 256], got {self.suffix_max_depth}"),
-            (self.suffix_max_spec_factor > 0,
-             f"--suffix-max-spec-factor must be > 0, got {self.suffix_max_spec_factor}"),
+            (0 < self.suffix_max_spec_factor < float("inf"),
+             f"--suffix-max-spec-factor must be finite and > 0, got "
+             f"{self.suffix_max_spec_factor}"),
             (0 <= self.suffix_min_token_prob <= 1,
              f"--suffix-min-token-prob must be in [0, 1], got {self.suffix_min_token_prob}"),
             (self.suffix_cache_max_requests >= 0, "--suffix-cache-max-requests must be >= 0, "

@@ -55,7 +55,8 @@ def test_suffix_flags_map_onto_the_engine_config():
     assert (defaults.suffix_cache_scope, defaults.suffix_cache_prompts) == ("tenant", False)
     for flags, message in ((["--suffix-max-depth", "1"], "--suffix-max-depth must be in"),
                            (["--suffix-min-token-prob", "2"], "--suffix-min-token-prob must be"),
-                           (["--suffix-cache-max-bytes", "-1"], "--suffix-cache-max-bytes must")):
+                           (["--suffix-cache-max-bytes", "-1"], "--suffix-cache-max-bytes must"),
+                           (["--suffix-max-spec-factor", "inf"], "must be finite and > 0")):
         with pytest.raises(ValueError, match=message):
             engine_config_from_args(build_parser().parse_args(["serve", *flags]))
 

@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <optional>
@@ -203,7 +204,9 @@ class SuffixTrie {
             if (best_[node] >= 0) break;
         }
         if (length == 0) return std::nullopt;
-        int limit = std::min(num_tokens, std::max(1, int(max_spec_factor * length)));
+        // In double: a large --suffix-max-spec-factor must not overflow an int.
+        double by_match = std::max(1.0, std::floor(max_spec_factor * length));
+        int limit = by_match < double(num_tokens) ? int(by_match) : num_tokens;
         Tokens drafted;
         double probability = 1.0, smoothed = 1.0, score = 0.0;
         int depth = length;

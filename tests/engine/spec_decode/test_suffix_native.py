@@ -32,7 +32,9 @@ def drafts(trie, contexts):
     found = []
     for context in contexts:
         matched = trie.match(context)
-        for num_tokens, factor, min_prob in ((3, 1.0, 0.1), (30, 10.0, 0.0), (8, 0.5, 0.3)):
+        # 1e300: a factor whose product with the match length overflows an int
+        for num_tokens, factor, min_prob in ((3, 1.0, 0.1), (30, 10.0, 0.0), (8, 0.5, 0.3),
+                                             (20, 1e300, 0.0)):
             draft = trie.draft(matched, context[-trie.max_depth:], num_tokens, factor, min_prob)
             found.append((matched, None if draft is None else (
                 draft.token_ids, draft.score, draft.match_length, draft.path_probability,
