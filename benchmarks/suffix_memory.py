@@ -88,20 +88,35 @@ def descendants(root: int, parents: dict[int, int]) -> list[int]:
     return tree
 
 
-def vm_rss_bytes(pid: int) -> int:
-    """A process's resident set, 0 once it has ended."""
+RSS_FIELDS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
+
+
+def resident_bytes(pid: int) -> dict[str, int]:
+    """A process's resident set and its parts (anonymous, file-backed, shared memory such as
+    the KV cache's mapping), in bytes; zeros once it has ended."""
+    found = dict.fromkeys(RSS_FIELDS.values(), 0)
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024  # the kernel writes kB (KiB)
+            name = line.split(":", 1)[0]
+            if name in RSS_FIELDS:
+                found[RSS_FIELDS[name]] = int(line.split()[1]) * 1024  # the kernel writes kB
     except OSError:
         pass
-    return 0
+    return found
+
+
+def vm_rss_bytes(pid: int) -> int:
+    """A process's resident set, 0 once it has ended."""
+    return resident_bytes(pid)["rss"]
 
 
 def tree_rss_bytes(root: int) -> dict:
+    """The resident memory of `root` and its descendants, with each process's parts: growth
+    in the server's anonymous memory reads differently from a template worker's."""
     pids = descendants(root, parent_pids())
-    return {"rss_bytes": sum(vm_rss_bytes(pid) for pid in pids), "processes": len(pids)}
+    parts = {pid: resident_bytes(pid) for pid in pids}
+    return {"rss_bytes": sum(p["rss"] for p in parts.values()), "processes": len(pids),
+            "by_process": [{"pid": pid, **part} for pid, part in parts.items()]}
 
 
 def suffix_cache_series(exposition: str) -> dict[str, float]:

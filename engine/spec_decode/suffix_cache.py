@@ -14,9 +14,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from engine.config import SUFFIX_CACHE_SCOPES
+from engine.core.device import release_freed_host_memory
 from engine.spec_decode.suffix_native import new_trie
 
 SHARED_PARTITION = ""
+GROWTH_TO_RELEASE = 1 << 20  # bytes: smaller growths leave too little behind to hand back
 
 
 def max_new_nodes(length: int, max_depth: int) -> int:
@@ -79,6 +81,11 @@ class GlobalSuffixCache:
         trie.insert(tokens)
         self._num_nodes += trie.num_nodes - nodes
         self._trie_bytes += trie.num_bytes - size
+        if trie.num_bytes > size + GROWTH_TO_RELEASE:
+            # A table or array was reallocated: malloc keeps the old one's pages resident in
+            # the engine thread's arena (offline, 48 MB of RSS for a 38 MB cache; 43 MB with
+            # this). A growth doubles, so this runs a few dozen times in a cache's life.
+            release_freed_host_memory()
         self._token_bytes += tokens.itemsize * len(tokens)
         self._entries[self._next_id] = _Entry(partition, tokens)
         self._next_id += 1

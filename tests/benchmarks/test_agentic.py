@@ -17,8 +17,8 @@ from benchmarks.agentic_run import (Target, TurnRecord, renumbered, run_concurre
 from benchmarks.agentic_servers import free_ports, llama_server_command
 from benchmarks.agentic_workloads import (Turn, Workload, all_workloads,
                                           select_workloads)
-from benchmarks.suffix_memory import (checkpoints, descendants,
-                                      distinct_prompt, suffix_cache_series,
+from benchmarks.suffix_memory import (checkpoints, descendants, distinct_prompt,
+                                      resident_bytes, suffix_cache_series, tree_rss_bytes,
                                       verdict)
 
 OURS = [Target("none", "http://a", True), Target("ngram", "http://b", True),
@@ -276,3 +276,22 @@ def test_memory_process_tree_prompts_and_series():
                   "# TYPE specserve:num_requests_running gauge\n"
                   'specserve:num_requests_running{model_name="m"} 1.0\n')
     assert suffix_cache_series(exposition) == {"specserve:suffix_cache_nodes": 42.0}
+
+
+def test_resident_memory_is_read_with_its_parts():
+    import os
+    import subprocess
+    import sys
+
+    mine = resident_bytes(os.getpid())
+    assert mine["rss"] > 0 and mine["rss"] == mine["anon"] + mine["file"] + mine["shmem"]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        tree = tree_rss_bytes(os.getpid())
+        pids = [part["pid"] for part in tree["by_process"]]
+        assert os.getpid() in pids and child.pid in pids
+        assert tree["rss_bytes"] == sum(part["rss"] for part in tree["by_process"])
+    finally:
+        child.kill()
+        child.wait()
+    assert resident_bytes(child.pid)["rss"] == 0  # ended: nothing, no error
