@@ -125,9 +125,10 @@ class SpeculativeConfig:
     suffix_max_spec_factor: float = 1.0
     suffix_min_token_prob: float = 0.1
     suffix_cache_max_requests: int = 10000
-    # 48 MiB: with the server's own growth, 10,000 requests stay within 100 MB of RSS; the C++
-    # trie holds ~1.2 million nodes in it (docs/performance/agentic.md#memory-and-proposal-cost).
-    suffix_cache_max_bytes: int = 48 * 2**20
+    # 32 MiB: the C++ trie holds ~734,000 nodes in it (its tables grow by doubling), 28 MB of
+    # RSS; at 48 MiB it held 1.05 million in 44-46 MB, and 7,000 requests through the server had
+    # grown its RSS by 98 MB against the 100 MB target (docs/performance/agentic.md).
+    suffix_cache_max_bytes: int = 32 * 2**20
     suffix_cache_scope: str = "tenant"  # "global": every tenant drafts from every output
     suffix_cache_prompts: bool = False
     adaptive: bool = True  # False: always draft K tokens (for measurements)

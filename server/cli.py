@@ -169,7 +169,7 @@ def add_suffix_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suffix-cache-max-requests", type=int, default=10000,
                    help="suffix: finished requests kept in the global cache, oldest evicted "
                         "first (default: %(default)s)")
-    p.add_argument("--suffix-cache-max-bytes", type=int, default=48 * 2**20,
+    p.add_argument("--suffix-cache-max-bytes", type=int, default=32 * 2**20,
                    help="suffix: bytes the global cache's tries and kept tokens may hold "
                         "(default: %(default)s)")
     p.add_argument("--suffix-cache-scope", default="tenant", choices=SUFFIX_CACHE_SCOPES,
