@@ -25,7 +25,8 @@ $(STAMP): pyproject.toml Makefile $(wildcard engine/quant/csrc/*) $(wildcard eng
 	# to pure torch and says so in one log line.
 	$(BIN)/python -m engine.quant.kernels >/dev/null || echo "note: the GGUF CPU kernel did not build"
 	# The suffix trie in C++ (seconds); without it `suffix` uses the slower Python trie.
-	$(BIN)/python -m engine.spec_decode.suffix_native >/dev/null || echo "note: the C++ suffix trie did not build"
+	$(BIN)/python -c "from engine.spec_decode.suffix_native import native_trie_class as c; exit(c() is None)" \
+		|| echo "note: the C++ suffix trie did not build"
 	touch $@
 
 serve: install

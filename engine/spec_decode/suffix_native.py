@@ -4,7 +4,8 @@ the proposer and the global cache use: the C++ one where it builds, else the pur
 (tests/engine/spec_decode/test_suffix_native.py); the C++ one holds a node in ~36 bytes instead
 of ~140 and a proposal step costs a few microseconds instead of ~100 (docs/performance/agentic.md).
 
-`make install` builds it (`python -m engine.spec_decode.suffix_native`); where it cannot be built
+`make install` builds it (through `native_trie_class()`; `python -m engine.spec_decode.suffix_native`
+shows the compiler's output); where it cannot be built
 (no compiler) or SPECSERVE_DISABLE_SUFFIX_NATIVE=1, the Python trie is used, with one log line.
 """
 
