@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.core.cpp_build import build_extension
-from engine.spec_decode.suffix_tree import Draft, SuffixTrie
+from engine.spec_decode.suffix_tree import Draft, SuffixTrie, check_max_depth
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,7 @@ def _built_class() -> type | None:
 
     class NativeSuffixTrie(module.SuffixTrie):
         def __init__(self, max_depth: int):
-            if max_depth < 2:
-                raise ValueError(f"--suffix-max-depth must be >= 2, got {max_depth}")
+            check_max_depth(max_depth)
             super().__init__(max_depth)
 
         def draft(self, matched: Sequence[int], tail: Sequence[int], num_tokens: int,

@@ -56,10 +56,15 @@ class Draft:
         return self.smoothed_probability ** (1 / len(self.token_ids))
 
 
+def check_max_depth(max_depth: int) -> None:
+    """Both tries' one rule on their depth (the C++ one is checked here, before it is built)."""
+    if max_depth < 2:
+        raise ValueError(f"--suffix-max-depth must be >= 2, got {max_depth}")
+
+
 class SuffixTrie:
     def __init__(self, max_depth: int):
-        if max_depth < 2:
-            raise ValueError(f"--suffix-max-depth must be >= 2, got {max_depth}")
+        check_max_depth(max_depth)
         self.max_depth = max_depth
         self.edges: dict[int, int] = {}  # node * EDGE_STRIDE + token -> child
         self.counts: list[int] = [0]  # per node: occurrences of its substring
