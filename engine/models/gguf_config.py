@@ -54,15 +54,3 @@ def _phi3_rope_and_window(config, key, rope_factors: dict) -> None:
         "original_max_position_embeddings": original}
     if key("rope.scaling.attn_factor") is not None:
         config.rope_parameters["attention_factor"] = float(key("rope.scaling.attn_factor"))
-
-
-def scalar_fields(reader) -> dict:
-    """The file's scalar and string keys, name -> value (arrays left out)."""
-    fields = {}
-    for name, field in reader.fields.items():
-        if len(field.types) == 1:
-            try:
-                fields[name] = field.contents()
-            except (ValueError, TypeError):  # a type the reader cannot decode: not one of ours
-                continue
-    return fields

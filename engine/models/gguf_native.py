@@ -1,8 +1,8 @@
 """A GGUF file loaded natively: quantized matrices stay in their blocks (see engine/quant/).
 
 Only the configuration and the tokenizer go through transformers, once per file, into a small
-cached folder (no weights in it); the tensors are read straight from the file with the `gguf`
-package. Types the CPU kernel covers (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) stay packed; float tensors
+cached folder (no weights in it); the header and the tensors are read straight from the file
+(gguf_header.py). Types the CPU kernel covers (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) stay packed; float tensors
 load as float32; other block types are dequantized to float32, named in one log line.
 """
 
@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from engine.models.gguf_config import complete_config, scalar_fields
+from engine.models.gguf_config import complete_config
+from engine.models.gguf_header import read_header
 from engine.models.gguf_names import NORMS_PLUS_ONE, hf_tensor_name
 from engine.quant.formats import FORMATS
 from engine.quant.gguf_weight import PackedTensor
@@ -40,17 +41,15 @@ def rope_unpermute_rows(num_rows: int, num_heads: int) -> torch.Tensor:
 def read_tensors(path: Path, hf_config) -> Iterator[tuple[str, torch.Tensor | PackedTensor]]:
     """Yields (Hugging Face name, tensor) for every tensor of the file, packed where a kernel
     exists."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    architecture = _field_str(reader, "general.architecture")
+    header = read_header(path)
+    architecture = header.string("general.architecture")
     unpermute = architecture == "llama"  # llama.cpp's converter permutes q/k of llama only
     dequantized: set[str] = set()
-    for tensor in reader.tensors:
+    for tensor in header.tensors:
         name = hf_tensor_name(tensor.name, architecture)
         if name is None:
             continue
-        data = np.asarray(tensor.data)
+        data = header.tensor_data(tensor)
         if "{expert}" in name:  # [experts, rows, ...]: each expert's rows are its own matrix
             for expert in range(data.shape[0]):
                 yield name.format(expert=expert), _tensor_value(tensor, data[expert], dequantized)
@@ -105,28 +104,25 @@ def check_gguf(path: Path) -> None:
     """A ValueError in one line for a GGUF file that cannot serve: a header that does not parse,
     tensor data past the end of the file (truncated), an architecture not mapped here, or a
     vocabulary that is not the token embedding's."""
-    import gguf
-
     size = path.stat().st_size
+    damaged = f"{path} is not a readable GGUF file ({size} bytes; truncated or damaged?)"
     try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as error:  # noqa: BLE001 - the reader raises whatever the bytes provoke
-        raise ValueError(f"{path} is not a readable GGUF file ({size} bytes; truncated or "
-                         f"damaged?): {type(error).__name__}: {error}") from None
-    for tensor in reader.tensors:
+        header = read_header(path)
+    except (ValueError, OSError) as error:
+        raise ValueError(f"{damaged}: {error}") from None
+    for tensor in header.tensors:
         end = tensor.data_offset + tensor.n_bytes
         if end > size:
-            raise ValueError(f"{path} is truncated: tensor {tensor.name} ends at byte {end}, "
-                             f"the file has {size}")
-    architecture = _field_str(reader, "general.architecture")
+            raise ValueError(f"{damaged}: tensor {tensor.name} ends at byte {end}")
+    architecture = header.string("general.architecture")
     if architecture not in GGUF_ARCHITECTURES:
         raise ValueError(f"{path}: GGUF files of architecture {architecture!r} are not supported "
                          f"yet (supported: {', '.join(GGUF_ARCHITECTURES)}); serve its Hugging "
                          "Face folder instead")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    tokens = header.fields.get("tokenizer.ggml.tokens")
+    embedding = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
     if tokens is not None and embedding is not None:
-        num_tokens, num_rows = len(tokens.data), int(embedding.shape[-1])
+        num_tokens, num_rows = getattr(tokens, "count", 1), int(embedding.shape[-1])
         if num_tokens > num_rows:
             raise ValueError(f"{path}: tokenizer.ggml.tokens lists {num_tokens} tokens, but "
                              f"token_embd.weight has {num_rows} rows")
@@ -134,12 +130,10 @@ def check_gguf(path: Path) -> None:
 
 def gguf_types(path: Path) -> dict[str, str]:
     """Hugging Face tensor name -> GGUF type name, read from the file's header."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    architecture = _field_str(reader, "general.architecture")
+    header = read_header(path)
+    architecture = header.string("general.architecture")
     names = {}
-    for t in reader.tensors:
+    for t in header.tensors:
         name = hf_tensor_name(t.name, architecture)
         experts = range(int(t.shape[-1])) if name and "{expert}" in name else [None]
         for expert in experts:
@@ -162,15 +156,13 @@ def metadata_folder(path: Path, cache_root: Path) -> Path:
         return folder
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    import gguf
-
     kwargs = {"gguf_file": path.name}
     config = AutoConfig.from_pretrained(path.parent, **kwargs)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    reader = gguf.GGUFReader(str(path))
-    complete_config(config, scalar_fields(reader), {
-        t.name: np.asarray(t.data).astype(float).tolist() for t in reader.tensors
+    header = read_header(path)
+    complete_config(config, header.scalars(), {
+        t.name: header.tensor_data(t).astype(float).tolist() for t in header.tensors
         if t.name.startswith("rope_factors_")})
     tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -201,11 +193,6 @@ def load_tokenizer(folder: Path):
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast.from_pretrained(folder)
-
-
-def _field_str(reader, key: str) -> str:
-    field = reader.fields.get(key)
-    return "" if field is None else bytes(field.parts[field.data[0]]).decode()
 
 
 def _num_rows(value: torch.Tensor | PackedTensor) -> int:

@@ -41,6 +41,7 @@ def measure_step_cost(model, kv_cache, block_size: int, device) -> LinearCostMod
         seconds = _time_forward(model, kv_cache, block_size, device, *shape)
         if seconds is not None:
             fastest[shape] = min(fastest.get(shape, seconds), seconds)
+    kv_cache.release_pages()  # the probe's blocks hold nothing anyone reads
     plain = {rows: t for (rows, at), t in fastest.items() if at == 0}
     if 1 not in plain or 16 not in plain:
         return LinearCostModel(fixed=0.05, per_unit=0.001)

@@ -17,8 +17,8 @@ from benchmarks.agentic_run import (Target, TurnRecord, renumbered, run_concurre
 from benchmarks.agentic_servers import free_ports, llama_server_command
 from benchmarks.agentic_workloads import (Turn, Workload, all_workloads,
                                           select_workloads)
-from benchmarks.suffix_memory import (checkpoints, descendants, distinct_prompt,
-                                      resident_bytes, suffix_cache_series, tree_rss_bytes,
+from benchmarks.processes import descendants, resident_bytes, tree_rss_bytes
+from benchmarks.suffix_memory import (checkpoints, distinct_prompt, suffix_cache_series,
                                       verdict)
 
 OURS = [Target("none", "http://a", True), Target("ngram", "http://b", True),

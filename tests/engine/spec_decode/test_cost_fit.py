@@ -48,7 +48,11 @@ class _TimedModel:
 
 
 class _Blocks:
+    """The KV cache as the probe sees it: a number of blocks, and pages it hands back."""
     num_blocks = 64
+
+    def release_pages(self) -> None:
+        pass
 
 
 def test_the_start_up_cost_fit_takes_the_fastest_timings():
@@ -201,7 +205,7 @@ def test_the_start_up_curve_prices_a_kernel_chunk_once():
 
     from engine.spec_decode.cost_probe import measure_step_cost
 
-    class Blocks:
+    class Blocks(_Blocks):
         num_blocks = 512
 
     per_row = 0.001

@@ -1,0 +1,62 @@
+"""The CPU KV cache is resident only where blocks hold something: pages are handed out as they are
+written, and the start-up cost probe hands the ones it wrote back (engine/core/kv_cache.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from types import SimpleNamespace
+
+import torch
+
+from engine.core.kv_cache import KVCache
+from tests.conftest import make_llm
+
+MIB = 2**20
+
+
+def resident_bytes(tensor: torch.Tensor) -> int:
+    """Resident bytes of the pages under `tensor` (mincore(2); /proc/self/smaps would not do:
+    the kernel merges neighbouring anonymous mappings into one entry)."""
+    page = mmap.PAGESIZE
+    start = tensor.data_ptr() // page * page
+    num_pages = -(-(tensor.data_ptr() + tensor.numel() * tensor.element_size() - start) // page)
+    pages = (ctypes.c_ubyte * num_pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    if libc.mincore(start, num_pages * page, pages) != 0:
+        raise OSError(ctypes.get_errno(), "mincore failed")
+    return sum(flag & 1 for flag in pages) * page
+
+
+def _cache(num_blocks: int = 256) -> KVCache:
+    arch = SimpleNamespace(num_layers=4, num_kv_heads=2, head_dim=64)  # what KVCache reads
+    return KVCache(arch, num_blocks, 16, torch.float32, torch.device("cpu"))  # 16 MiB
+
+
+def test_written_blocks_are_resident_until_released():
+    cache = _cache()
+    assert resident_bytes(cache.storage) == 0  # reserved, not touched
+    keys, values = cache[0]
+    keys[:128].fill_(1.0)  # half the blocks of one layer's keys: 1 MiB
+    values[:128].fill_(2.0)
+    touched = resident_bytes(cache.storage)
+    assert touched >= 2 * MIB, touched  # the negative control: written pages stay resident
+    assert resident_bytes(cache.storage) == touched
+    cache.release_pages()
+    assert resident_bytes(cache.storage) == 0
+    assert not cache.storage.any()  # released pages read as zeros
+    keys[0].fill_(3.0)  # and can be written again
+    assert keys[0].eq(3.0).all() and resident_bytes(cache.storage) > 0
+
+
+def test_the_start_up_probe_leaves_no_block_resident(tiny_chat_model_folder, monkeypatch):
+    """`ngram` times forwards at start (cost_probe.py) into the cache's first blocks; after it the
+    cache holds no resident page. Negative control: without the release, the probe's writes
+    stay resident."""
+    llm = make_llm(str(tiny_chat_model_folder), speculative_method="ngram")
+    assert resident_bytes(llm.engine.runner.kv_cache.storage) == 0
+    del llm
+    monkeypatch.setattr(KVCache, "release_pages", lambda self: None)
+    kept = make_llm(str(tiny_chat_model_folder), speculative_method="ngram")
+    assert resident_bytes(kept.engine.runner.kv_cache.storage) > 0
