@@ -211,15 +211,24 @@ class AsyncEngine:
         self._run()
 
     def _run(self) -> None:
+        stepped = False  # since the engine was last idle
         while not self._stopped.is_set():
+            idle = not self.engine.has_unfinished()
+            if idle and stepped:
+                # A burst has ended: what its temporaries freed goes back to the OS, once per
+                # burst, while no step waits (0.2-8 ms). glibc keeps freed activation buffers
+                # resident: 16 prompts of the default model left 58 MB of them on CPU.
+                release_freed_host_memory()
+                stepped = False
             try:
-                self._apply_commands(block=not self.engine.has_unfinished())
+                self._apply_commands(block=idle)
                 if self._stopped.is_set():
                     break
                 self._step_started_at = time.monotonic()
                 if self.before_step is not None:
                     self.before_step()
                 outputs = self.engine.step()
+                stepped = True
             except Exception as error:
                 # No one request's fault (engine/failures.py): the engine's state can no longer
                 # be trusted, so every request ends with an error and the loop stops.

@@ -178,3 +178,27 @@ def test_a_validated_request_is_generated_without_a_second_check(async_engine, m
     assert len(calls) == 1
     with pytest.raises(ValueError, match="maximum context length"):
         async_engine.validate("Hello", SamplingParams(max_tokens=10**7))
+
+
+def test_freed_memory_is_handed_back_once_a_burst_ends(async_engine, monkeypatch):
+    """The loop trims the allocator when the engine goes idle after steps (engine/async_engine.py),
+    once per burst, and never while a request still runs (the negative control)."""
+    import engine.async_engine as module
+
+    trims = []
+    monkeypatch.setattr(module, "release_freed_host_memory",
+                        lambda: trims.append(async_engine.engine.has_unfinished()))
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+    async def burst():
+        async def one(prompt):
+            async for _ in async_engine.generate(prompt, params):
+                pass
+        await asyncio.gather(one("one burst"), one("two requests"))
+        await _wait_until(lambda: len(trims) == 1)
+        await asyncio.sleep(0.2)  # an idle engine does not trim again
+
+    for _ in range(2):
+        trims.clear()
+        asyncio.run(burst())
+        assert trims == [False]  # once, and with no request unfinished
