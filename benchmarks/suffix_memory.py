@@ -35,6 +35,7 @@ from specserve.bench.report import emit
 LIMIT_MB = 100
 WARMUP_REQUESTS = 100
 SAMPLE_EVERY = 500
+SETTLE_S = 1.0
 WORDS = ("the agent checked a booking before sending the invoice while every order waited on "
          "stock from one warehouse near the river so nobody could ship fragile lamps until "
          "Monday and the manager asked for a summary of refunds delays prices and notes").split()
@@ -101,6 +102,9 @@ def send_chat(url: str, prompt: str, max_tokens: int, temperature: float, seed: 
 
 
 def sample(url: str, server_pid: int, requests: int, failed: int, started: float) -> dict:
+    """Taken once the server is idle: its engine hands freed memory back when a burst ends, a
+    moment after the last answer."""
+    time.sleep(SETTLE_S)
     metrics = httpx.get(f"{url}/metrics", timeout=30).text
     return {"requests": requests, "failed": failed, "t_s": round(time.monotonic() - started, 1),
             **tree_rss_bytes(server_pid), "suffix_cache": suffix_cache_series(metrics)}
