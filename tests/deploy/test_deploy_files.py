@@ -254,3 +254,22 @@ def test_compose_gives_the_drain_time_before_killing():
     grace = compose()["services"]["specserve"]["stop_grace_period"]
     seconds = int(re.fullmatch(r"(\d+)s", grace).group(1))
     assert seconds > DEFAULT_DRAIN_TIMEOUT_S + 2 * ABORT_GRACE_S
+
+
+def test_the_image_builds_the_cpu_kernels_where_the_server_loads_them():
+    """Without a compiler the image's CPU path would be the pure-torch fallback. The final stage
+    installs g++ as root, then runs `make install`'s two build lines as the server's user, with
+    the server's cache folder."""
+    steps = [i for i in INSTRUCTIONS if i.stage == FINAL_STAGE]
+    user_at = next(n for n, i in enumerate(steps) if i.keyword == "USER")
+    as_root = " ".join(i.args for i in steps[:user_at] if i.keyword == "RUN")
+    assert re.search(r"apt-get install [^&]*\bg\+\+", as_root), as_root
+    as_server = " ".join(i.args for i in steps[user_at:] if i.keyword == "RUN")
+    makefile = (ROOT / "Makefile").read_text()
+    for build in ("python -m engine.quant.kernels",
+                  'python -c "from engine.spec_decode.suffix_native import native_trie_class '
+                  'as c; exit(c() is None)"'):
+        assert build in makefile.replace("$(BIN)/", "").replace("\\\n\t\t", "")
+        assert build in as_server, build
+    assert any(env.split()[0] == "SPECSERVE_CACHE_DIR=/opt/specserve/cache" or
+               "SPECSERVE_CACHE_DIR=/opt/specserve/cache" in env for env in final("ENV"))
