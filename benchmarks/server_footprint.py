@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         for label, tree in trees.items():  # builds the extensions, untimed
             caches[label].mkdir()
             start_and_measure(tree, caches[label], 0.0, args.server_args.split())
+        commits = {label: _commit(tree) for label, tree in trees.items()}
         samples: dict[str, list[dict]] = {label: [] for label in trees}
         for round_index in range(args.rounds):
             for label in taking_turns(list(trees), round_index):
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"{sample['rss_bytes'] / 1e6:.1f} MB", file=sys.stderr)
     emit({"benchmark": "server_footprint", "cpu": cpu_model(), "target_mb": TARGET_MB,
           "server_args": args.server_args, "rounds": args.rounds, "settle_s": args.settle_s,
-          "commits": {label: _commit(tree) for label, tree in trees.items()},
+          "commits": commits,
           "summary": {label: summary(s) for label, s in samples.items()},
           "samples": samples}, args.output)
 
