@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.agentic_servers import Servers, free_ports, specserve_command
 from benchmarks.agentic_workloads import CITIES, FIRST_NAMES, PRODUCTS
-from benchmarks.processes import resident_bytes, tree_rss_bytes
+from benchmarks.processes import tree_rss_bytes
 from specserve.bench.report import emit
 
 LIMIT_MB = 100
@@ -62,11 +62,6 @@ def checkpoints(num_requests: int, warmup: int = WARMUP_REQUESTS,
     points = {count for count in range(every, num_requests + 1, every)}
     points |= {min(warmup, num_requests), num_requests}
     return sorted(point for point in points if point > 0)
-
-
-def vm_rss_bytes(pid: int) -> int:
-    """A process's resident set, 0 once it has ended."""
-    return resident_bytes(pid)["rss"]
 
 
 def suffix_cache_series(exposition: str) -> dict[str, float]:

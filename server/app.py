@@ -17,7 +17,6 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import Response
 
 from engine import AsyncEngine, EngineConfig
-from engine.core.device import release_freed_host_memory
 from engine.metrics.stat_logger import PeriodicStatLogger
 from server import chat, completions, metrics, tokenize
 from server.connections import AcceptErrorLog
@@ -75,9 +74,6 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
         engine.add_stat_listener(PeriodicStatLogger())
         app.state.context = context
         freeze_startup_objects()
-        # What start-up freed after the engine's own trim (the grammar vocabulary's build: ~20
-        # MB of its temporaries stayed resident) goes back to the OS.
-        release_freed_host_memory()
         loop_lag.start()
         yield
         await loop_lag.stop()

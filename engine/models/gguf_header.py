@@ -3,8 +3,9 @@
 The `gguf` package's GGUFReader builds a numpy view for every element of every metadata array.
 For the default model's 49,152 tokens and 48,900 merges that is ~150 MB of Python objects and
 ~3 s on a 2-core machine, paid at each of the four reads a start made, and each read left 9-17
-MB of its freed objects' pages resident. This reader takes ~0.1 s. Here scalars are
-decoded, arrays are only counted and skipped, and tensor data stays in the file until asked for, as a view of one read-only memory map.
+MB of its freed objects' pages resident. Here scalars are decoded, arrays are only counted and
+skipped, and tensor data stays in the file until asked for, as a view of one read-only memory
+map: ~0.1 s a read.
 
 Layout (little- or big-endian, versions 2 and 3): magic "GGUF", version u32, tensor count u64,
 metadata count u64; each metadata entry a string key, a u32 type and its value (an array: the

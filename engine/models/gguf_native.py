@@ -2,8 +2,8 @@
 
 Only the configuration and the tokenizer go through transformers, once per file, into a small
 cached folder (no weights in it); the header and the tensors are read straight from the file
-(gguf_header.py). Types the CPU kernel covers (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) stay packed; float tensors
-load as float32; other block types are dequantized to float32, named in one log line.
+(gguf_header.py). Types the CPU kernel covers (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) stay packed; float
+tensors load as float32; other block types are dequantized to float32, named in one log line.
 """
 
 from __future__ import annotations
