@@ -69,6 +69,7 @@ class Servers:
 
     def __init__(self, log_dir: Path):
         self.log_dir = log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
         self.processes: dict[str, subprocess.Popen] = {}
         self.targets: list[Target] = []
         self.commands: dict[str, str] = {}
@@ -86,11 +87,12 @@ class Servers:
         prefix = " ".join(f"{key}={value}" for key, value in (env or {}).items())
         self.commands[label] = f"{prefix} {' '.join(command)}".strip()
 
-    def wait_healthy(self) -> None:
-        """Returns once every server answers /health with 200 (llama-server answers 503 while
-        it loads); exits naming the server that died or took longer than STARTUP_TIMEOUT_S."""
+    def wait_healthy(self, targets: list[Target] | None = None) -> None:
+        """Returns once every server (of `targets`, default all) answers /health with 200
+        (llama-server answers 503 while it loads); exits naming the server that died or took
+        longer than STARTUP_TIMEOUT_S."""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        for target in self.targets:
+        for target in self.targets if targets is None else targets:
             while not _healthy(target.url):
                 process = self.processes[target.label]
                 if process.poll() is not None or time.monotonic() > deadline:
@@ -123,13 +125,16 @@ def _healthy(url: str) -> bool:
 def start_all(methods: list[str], server_args: list[str], log_dir: Path, llama_binary: str | None,
               llama_plain: bool, llama_threads: int, concurrency: int) -> Servers:
     """Our servers with the environment they always had (threads as the machine gives them),
-    then the llama-servers asked for; returns once all are healthy."""
+    then the llama-servers asked for, each once the one before is healthy: a specserve times
+    its steps at start-up for the controller's cost model, and four started together timed
+    theirs on a shared CPU, 2-4x too slow (one priced a draft row at 1.88 ms, alone 0.57)."""
     servers = Servers(log_dir)
     wanted = [(LLAMA_NGRAM_CACHE, True)] + ([(LLAMA_PLAIN, False)] if llama_plain else [])
     wanted = wanted if llama_binary else []
     ports = free_ports(len(methods) + len(wanted))
     for method, port in zip(methods, ports):
         servers.launch(method, specserve_command(method, port, server_args), port, ours=True)
+        servers.wait_healthy(servers.targets[-1:])
     if wanted:
         model = default_gguf()
         for (label, ngram_cache), port in zip(wanted, ports[len(methods):]):
@@ -137,5 +142,6 @@ def start_all(methods: list[str], server_args: list[str], log_dir: Path, llama_b
                                            ngram_cache)
             servers.launch(label, command, port, ours=False,
                            env={"OMP_NUM_THREADS": str(llama_threads)})
+            servers.wait_healthy(servers.targets[-1:])
     servers.wait_healthy()
     return servers

@@ -148,6 +148,8 @@ if [[ -f engine/quant/kernels.py ]] \
 fi
 read -r -a ports <<<"$("$bin/python" -m benchmarks.vs_llamacpp ports 6)"
 labels=() urls=() health=() pids=() commands=()
+# One at a time: each specserve times its steps at start-up (the controller's cost model), and
+# servers started together timed theirs on a shared CPU, 2-4x too slow and unevenly so.
 start_server() {  # LABEL PORT HEALTH_PATH COMMAND...
     local label=$1 port=$2 path=$3
     shift 3
@@ -157,6 +159,11 @@ start_server() {  # LABEL PORT HEALTH_PATH COMMAND...
     urls+=("http://127.0.0.1:$port")
     health+=("http://127.0.0.1:$port$path" "$!")
     commands+=("$label=OMP_NUM_THREADS=$threads $*")
+    if ! "$bin/python" -m benchmarks.vs_llamacpp wait "http://127.0.0.1:$port$path" "$!"; then
+        echo "--- $logs/$label.log" >&2
+        tail -n 15 "$logs/$label.log" >&2
+        exit 1
+    fi
 }
 stop_servers() {
     ((${#pids[@]})) || return 0

@@ -86,6 +86,9 @@ class LinearCostModel:
         self.fixed, self.per_unit = fixed, per_unit
         self.row_shape = row_shape or RowShape()
         self.row_key_units, self.request_key_units = row_key_units, request_key_units
+        # The line the online fit falls back on where the data does not pin the slopes: the
+        # start-up's, or the last one the data pinned.
+        self._held = (fixed, per_unit)
         # weight, then sums of x_rows, x_keys, t and of their products (decayed)
         self._sums = dict.fromkeys(("w", "r", "k", "t", "rr", "rk", "kk", "rt", "kt", "tt"), 0.0)
 
@@ -127,10 +130,27 @@ class LinearCostModel:
             if fixed >= 0:
                 self.fixed, self.per_unit = fixed, per_unit
                 self.request_key_units = max(per_cache_key / per_unit - self.row_key_units, 0.0)
+                self._held = (fixed, per_unit)
                 return
-        # The data does not pin the slopes yet: keep them, move the intercept to the data.
-        self.fixed = max((sums["t"] - self.per_unit * sums["r"]
-                          - self.per_cache_key * sums["k"]) / sums["w"], 0.0)
+        self._follow_held_line(sums)
+
+    def _follow_held_line(self, sums: dict[str, float]) -> None:
+        """Where the data does not pin the slopes: steps slower than the held line says (host
+        work the start-up forward did not time) move its intercept only; steps faster than it
+        says scale the whole line down. The start-up takes the fastest of its timings, so
+        faster steps mean they were all slowed (servers started together on a shared CPU
+        timed 1.9-2.4 ms a row where alone it was 0.57): moving the intercept alone to data
+        below such a line left fixed = 0 and rows 3x dear, and drafting stayed off, since a
+        batch that does not draft feeds too few row counts to pin a slope again."""
+        held_fixed, held_per_unit = self._held
+        key_units = self.row_key_units + self.request_key_units
+        line = held_fixed * sums["w"] + held_per_unit * (sums["r"] + key_units * sums["k"])
+        scale = sums["t"] / line if line > 0 else 1.0
+        if scale < 1:
+            self.fixed, self.per_unit = scale * held_fixed, scale * held_per_unit
+        else:
+            self.per_unit = held_per_unit
+            self.fixed = (sums["t"] - line) / sums["w"] + held_fixed
 
     def _precise_slopes(self) -> tuple[float, float] | None:
         """(per_unit, per_cache_key) by least squares, each within MAX_SLOPE_ERROR of its

@@ -248,3 +248,56 @@ def test_sixteen_drafts_go_out_where_the_seventeenth_row_alone_does_not_pay():
                            row_shape=RowShape({1: 0.004, 16: 0.014, 17: 0.017, 32: 0.062}))
     assert SpeculationController(MAX_K, True, dear, DraftCost(per_step=False)).plan(
         requests, [MAX_K] * 16, base, num_other_rows=16) == [0] * 16
+
+
+def _steady_batch_fit(cost: LinearCostModel, fixed: float, per_row: float) -> LinearCostModel:
+    """300 steps of 16 requests (a 17-row probe every 32nd) taking fixed + per_row x rows
+    seconds, +-1 ms of noise: data that does not pin a slope."""
+    import random
+
+    rng = random.Random(4)
+    for step in range(300):
+        rows = 17 if step % 32 == 31 else 16
+        cost.observe(rows, fixed + per_row * rows + rng.uniform(-0.001, 0.001))
+    return cost
+
+
+def test_steps_faster_than_the_start_up_line_scale_it_down(monkeypatch):
+    """Four servers started together timed their start-up forwards on a shared CPU: one priced
+    a row at 1.88 ms on a 9.3 ms step, where alone it was 0.57 on 3.6. Its steady 16-request
+    steps then ran 3x faster than that line: the fit scales the line down to them, and 16
+    requests whose drafts are nearly always accepted draft again. Negative control: moving only the intercept (the
+    fit before) leaves it at 0 and the row at 1.88 ms, and nothing drafts."""
+    fixed, per_row = 0.0036, 0.00057
+
+    def plan(cost: LinearCostModel) -> list[int]:
+        controller = SpeculationController(MAX_K, True, cost, DraftCost(per_step=False))
+        requests = [Request(f"r{i}", [1, 2, 3], SamplingParams()) for i in range(16)]
+        for request in requests:
+            request.num_computed_tokens = 2
+            for _ in range(30):
+                controller.observe_verification(request, 4, 4)
+        assert requests[0].acceptance.estimate(controller.prior_acceptance) > 0.9
+        return controller.plan(requests, [MAX_K] * 16, cost.units(16), num_other_rows=16)
+
+    scaled = _steady_batch_fit(LinearCostModel(fixed=0.0093, per_unit=0.00188), fixed, per_row)
+    assert scaled.per_unit == pytest.approx(per_row, rel=0.25)
+    assert scaled(16) == pytest.approx(fixed + 16 * per_row, rel=0.1)
+    assert sum(plan(scaled)) >= 16
+
+    def intercept_only(self, sums):
+        self.fixed = max((sums["t"] - self.per_unit * sums["r"]) / sums["w"], 0.0)
+
+    monkeypatch.setattr(LinearCostModel, "_follow_held_line", intercept_only)
+    stuck = _steady_batch_fit(LinearCostModel(fixed=0.0093, per_unit=0.00188), fixed, per_row)
+    assert stuck.per_unit == 0.00188 and stuck.fixed == 0.0
+    assert plan(stuck) == [0] * 16
+
+
+def test_steps_slower_than_the_start_up_line_move_its_intercept_only():
+    """Host work per step (scheduling, sampling) the start-up forward did not time makes steps
+    slower than its line: a row keeps its measured price and the intercept takes the rest, it
+    is not scaled up with them (the control of the scaling above)."""
+    cost = _steady_batch_fit(LinearCostModel(fixed=0.0036, per_unit=0.00057), 0.0086, 0.00057)
+    assert cost.per_unit == 0.00057
+    assert cost.fixed == pytest.approx(0.0086, abs=0.0005)
