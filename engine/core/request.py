@@ -77,6 +77,10 @@ class Request:
     # A proposer with several sources (eagle: copy lookup, head) keeps one tracker per source
     # and points `acceptance` at the one this step drafts from (writer: that proposer).
     acceptance_by_source: dict[str, AcceptanceTracker] = field(default_factory=dict)
+    # Steps this request's drafts are not even computed, after the controller planned none
+    # for it, and the rest it gets the next time (doubling; writer: the controller).
+    draft_rest_left: int = 0
+    draft_rest: int = 0
 
     # Structured output: the request's grammar state, advanced by emitted tokens only (writer:
     # the engine). `forced_drafts`: per draft of this step, whether the grammar forced it rather

@@ -32,12 +32,16 @@ class Speculation:
             return {}
         requests = [s.request for s in decoding]
         max_ks = [s.num_lookahead for s in decoding]
+        # Resting requests (controller.py) are not prepared: as when planned no draft, a
+        # proposer with its own KV catches it up the next time it drafts.
+        max_ks = [0 if rests else k for rests, k in zip(self.controller.resting(requests), max_ks)]
         self.proposer.prepare(requests, max_ks)
         free = [self.proposer.drafts_are_free(r) for r in requests]
         # drafts not set yet: the decode rows are each request's own token
         decode_rows = [s for s in plan.scheduled if s.num_new_tokens == 1]
         ks = self.controller.plan(requests, max_ks, self._decode_units(decode_rows),
                                   padded_tokens, free, len(decode_rows))
+        self.controller.after_plan(requests, max_ks, ks)
         constrained = any(r.grammar is not None for r in requests)
         if not any(ks) and not constrained:
             return {}
