@@ -29,6 +29,13 @@ MIN_DRAFT_GAIN = 0.02  # expected tokens below which a draft position is not eve
 # every step feeds one per request, so a slope overestimated once (a noisy step) would keep
 # drafting off for good. A probe every 32 steps costs < 1% of a step's rows at batch 1.
 PROBE_EVERY = 32
+# How much more expected tokens per second than no draft a plan must promise before it drafts.
+# The price of a row is measured and fitted, so within a few percent; where a plan promises less,
+# it may as well lose. On CPU at 16 concurrent requests (AMD EPYC Zen 4, 2 vCPUs) a verified
+# row costs what a decoded one does (16 rows 14.6 ms, 32 rows 27.2, 256 rows 252), so drafts
+# accepted 70-90% of the time promised a few percent and lost 5-20% in the server. At batch 1
+# a row costs a fifth of a step, and plans promise far more than this.
+MIN_PLAN_GAIN = 0.05
 # A request planned no draft rests: its drafts are not computed for 1, 2, 4, ... steps (at most
 # this, and at most half the batch's requests), where lookups and planning for 16 requests cost
 # ~2 ms of a ~20 ms step on CPU and made `auto` 0.86-0.93x `none` on traffic it did not draft
@@ -153,7 +160,7 @@ class SpeculationController:
                                     for r, k in zip(requests, ks)))
 
         best_ks = [0] * len(estimates)
-        best_rate = len(estimates) / self.step_cost(num_other_units)
+        best_rate = (1 + MIN_PLAN_GAIN) * len(estimates) / self.step_cost(num_other_units)
         groups = [[True] * len(free)] + ([list(free)] if any(free) and not all(free) else [])
         for depth in range(1, max(useful, default=0) + 1):
             for drafting in groups:
@@ -179,7 +186,7 @@ class SpeculationController:
         follows the measured curve, so the 17th row of a 16-request step may not pay for itself
         where 16 drafts together do."""
         gains = float(len(estimates))  # each request emits at least one token
-        best_rate, best_n = gains / self.step_cost(num_other_units), 0
+        best_rate, best_n = (1 + MIN_PLAN_GAIN) * gains / self.step_cost(num_other_units), 0
         ks, order = [0] * len(estimates), []  # drafts so far, and whose each one is
         units, rows, drafted, longest = num_other_units, num_other_rows, 0, 0
         # Max-heap of (next draft's expected gain, request index).

@@ -220,7 +220,7 @@ def test_padded_steps_fill_the_rows_that_are_padded_anyway():
     """Once the rows are paid for, every request drafts to the same depth: where greedy
     one-at-a-time pricing stops at the first draft that does not pay alone, depth pricing
     weighs all 16 requests' drafts against the one step they share."""
-    controller = make_controller(fixed=0.010, per_token=0.001)
+    controller = make_controller(fixed=0.010, per_token=0.0005)
     requests = [trained_request(controller, str(i), num_accepted=2) for i in range(16)]
     estimate = requests[0].acceptance.estimate()
     assert 0.6 < estimate < 0.7
@@ -234,3 +234,31 @@ def test_padded_steps_fill_the_rows_that_are_padded_anyway():
     # Expensive rows (a CPU): no depth pays.
     costly = make_controller(fixed=0.028, per_token=0.009)
     assert costly.plan(requests, [MAX_K] * 16, 16, padded_tokens=_padded(16)) == [0] * 16
+
+
+def test_a_plan_must_promise_more_than_the_pricing_error(monkeypatch):
+    """16 requests at 0.9 acceptance on a step where a verified row costs what a decoded one
+    does (CPU, 16 concurrent): one draft each promises ~3% more tokens per second, within what
+    a fitted row price is off by, so nothing drafts. Control: without the margin they draft;
+    and where rows are cheap they draft with it."""
+    from engine.spec_decode import controller as module
+
+    def plan(per_token: float) -> list[int]:
+        controller = make_controller(fixed=2.94 * per_token, per_token=per_token)
+        requests = [trained_request(controller, str(i), num_accepted=MAX_K - 1)
+                    for i in range(16)]
+        for request in requests:
+            for _ in range(30):
+                controller.observe_verification(request, 10, 9)
+        assert 0.85 < requests[0].acceptance.estimate() < 0.95
+        return controller.plan(requests, [MAX_K] * 16, num_other_units=16)
+
+    rows_like_tokens = 0.0009  # a step of 16 rows: 17 ms, a row past them 0.9 ms
+    monkeypatch.setattr(module, "MIN_PLAN_GAIN", module.MIN_PLAN_GAIN)
+    assert plan(rows_like_tokens) == [0] * 16
+    monkeypatch.setattr(module, "MIN_PLAN_GAIN", 0.0)
+    assert sum(plan(rows_like_tokens)) >= 16
+    monkeypatch.undo()
+    cheap = make_controller(fixed=0.010, per_token=0.0003)  # the promise: ~30%
+    requests = [trained_request(cheap, str(i), num_accepted=MAX_K - 1) for i in range(16)]
+    assert sum(cheap.plan(requests, [MAX_K] * 16, num_other_units=16)) >= 16
