@@ -32,9 +32,10 @@ PROBE_EVERY = 32
 # How much more expected tokens per second than no draft a plan must promise before it drafts.
 # The price of a row is measured and fitted, so within a few percent; where a plan promises less,
 # it may as well lose. On CPU at 16 concurrent requests (AMD EPYC Zen 4, 2 vCPUs) a verified
-# row costs what a decoded one does (16 rows 14.6 ms, 32 rows 27.2, 256 rows 252), so drafts
-# accepted 70-90% of the time promised a few percent and lost 5-20% in the server. At batch 1
-# a row costs a fifth of a step, and plans promise far more than this.
+# row costs 80-90% of what a decoded one does (16 rows 11.0 ms, 32 rows 20.7, 256 rows 176:
+# benchmarks/experiments/step_rows.py), so drafts accepted 70-90% of the time promised a few
+# percent and lost 5-20% in the server. At batch 1 a row costs a sixth of a step (4.0 ms for 1
+# row), and plans promise far more than this.
 MIN_PLAN_GAIN = 0.05
 # A request planned no draft rests: its drafts are not computed for 1, 2, 4, ... steps (at most
 # this, and at most half the batch's requests), where lookups and planning for 16 requests cost
