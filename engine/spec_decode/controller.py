@@ -109,7 +109,8 @@ class SpeculationController:
         resting = []
         for request in requests:
             rests = request.draft_rest_left > 0 and request.grammar is None
-            request.draft_rest_left -= rests
+            if rests:
+                request.draft_rest_left -= 1
             resting.append(rests)
         return resting
 

@@ -34,7 +34,8 @@ class Speculation:
         max_ks = [s.num_lookahead for s in decoding]
         # Resting requests (controller.py) are not prepared: as when planned no draft, a
         # proposer with its own KV catches it up the next time it drafts.
-        max_ks = [0 if rests else k for rests, k in zip(self.controller.resting(requests), max_ks)]
+        resting = self.controller.resting(requests)
+        max_ks = [0 if rests else k for rests, k in zip(resting, max_ks)]
         self.proposer.prepare(requests, max_ks)
         free = [self.proposer.drafts_are_free(r) for r in requests]
         # drafts not set yet: the decode rows are each request's own token

@@ -266,8 +266,9 @@ def test_steps_faster_than_the_start_up_line_scale_it_down(monkeypatch):
     """Four servers started together timed their start-up forwards on a shared CPU: one priced
     a row at 1.88 ms on a 9.3 ms step, where alone it was 0.57 on 3.6. Its steady 16-request
     steps then ran 3x faster than that line: the fit scales the line down to them, and 16
-    requests whose drafts are nearly always accepted draft again. Negative control: moving only the intercept (the
-    fit before) leaves it at 0 and the row at 1.88 ms, and nothing drafts."""
+    requests whose drafts are nearly always accepted draft again. Negative control: moving
+    only the intercept (the fit before) leaves it at 0 and the row at 1.88 ms, and nothing
+    drafts."""
     fixed, per_row = 0.0036, 0.00057
 
     def plan(cost: LinearCostModel) -> list[int]:
