@@ -108,7 +108,7 @@ class SpeculationController:
         """Which requests sit this step out (no lookup, no plan); counts their rest down."""
         resting = []
         for request in requests:
-            rests = request.draft_rest_left > 0 and request.grammar is None
+            rests = request.draft_rest_left > 0  # after_plan never rests a grammar request
             if rests:
                 request.draft_rest_left -= 1
             resting.append(rests)
