@@ -65,9 +65,6 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
                                           settings.max_completions_per_request))
         context.templates = await _start_templates(engine.tokenizer, settings)
         context.response_store = await asyncio.to_thread(_open_response_store, settings)
-        # The grammar engine's view of the vocabulary (~0.6 s, holding the GIL): now, not on
-        # the first structured request, where it stalled the event loop.
-        await asyncio.to_thread(lambda: engine.grammars.tokenizer)
         await lifecycle.start(context)  # before the metrics listeners: warm-up is not traffic
         server_metrics.attach_engine(context)
         context.server_metrics = server_metrics
