@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
-from gguf.quants import quant_shape_to_byte_shape
+
+from engine.models.gguf_types import (GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT,
+                                      GGMLQuantizationType, GGUFValueType,
+                                      quant_shape_to_byte_shape)
 
 SUPPORTED_VERSIONS = (2, 3)
 _SCALAR_FORMATS = {

@@ -88,16 +88,17 @@ GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3",
 
 def _tensor_value(tensor, data: np.ndarray, dequantized: set[str]) -> torch.Tensor | PackedTensor:
     """One matrix of a GGUF tensor: kept in its blocks where a kernel exists, else float32."""
-    import gguf
-
     type_name = tensor.tensor_type.name
     if tensor.tensor_type.value in FORMATS:
         packed = torch.from_numpy(data.copy())  # [rows, row_bytes], owned
         return PackedTensor(packed, tensor.tensor_type.value, (packed.shape[0], int(tensor.shape[0])))
     if type_name in _FLOAT_TYPES:
         return torch.from_numpy(data.astype(np.float32))
+    import gguf  # imported only here: see gguf_types.py
+
     dequantized.add(type_name)
-    return torch.from_numpy(gguf.quants.dequantize(data, tensor.tensor_type).astype(np.float32))
+    return torch.from_numpy(gguf.quants.dequantize(
+        data, gguf.GGMLQuantizationType(tensor.tensor_type)).astype(np.float32))
 
 
 def check_gguf(path: Path) -> None:

@@ -106,3 +106,23 @@ def test_every_cut_of_a_header_is_a_value_error(tmp_path):
     damaged.write_bytes(bytes(counts))
     with pytest.raises(ValueError, match="more than the file holds"):
         read_header(damaged)
+
+
+def test_the_format_s_numbers_are_the_gguf_package_s():
+    """engine/models/gguf_types.py's copy of the format's numbers (the server does not import
+    the package): every value type and block type, with its block's elements and bytes, as
+    the package has them; the control: a wrong size would differ."""
+    from engine.models import gguf_types
+
+    assert {t.name: int(t) for t in gguf_types.GGUFValueType} == \
+        {t.name: int(t) for t in gguf.GGUFValueType}
+    ours = {t.name: (int(t), *size) for t, size in gguf_types.GGML_QUANT_SIZES.items()}
+    theirs = {t.name: (int(t), *size) for t, size in gguf.GGML_QUANT_SIZES.items()}
+    assert len(ours) >= 32 and ours == {name: theirs[name] for name in ours}
+    assert gguf_types.GGUF_DEFAULT_ALIGNMENT == gguf.GGUF_DEFAULT_ALIGNMENT
+    q4 = gguf_types.GGMLQuantizationType.Q4_1
+    assert gguf_types.quant_shape_to_byte_shape((3, 64), q4) == \
+        gguf.quants.quant_shape_to_byte_shape((3, 64), gguf.GGMLQuantizationType.Q4_1)
+    assert ours["Q4_1"] != (3, 32, 18)
+    with pytest.raises(ValueError):
+        gguf_types.quant_shape_to_byte_shape((3, 48), q4)
