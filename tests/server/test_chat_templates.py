@@ -1,6 +1,6 @@
 """The chat-template renderer pool (server/templates.py) on its own: it renders exactly as
-transformers does, and a template that spins, grows, floods or recurses is stopped while the pool
-keeps serving."""
+transformers does, a template that spins, grows, floods or recurses is stopped while the pool
+keeps serving (the pool's size: test_template_pool.py)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,11 @@ CONVERSATIONS = [
 ]
 TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Now",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+SPIN = [{"role": "user", "content": "spin"}]
+PLAIN = [{"role": "user", "content": "hi"}]
+PLAIN_TEXT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
 def _run(coroutine_function, limits=TemplateLimits(timeout_s=2.0), special_tokens=None):
@@ -170,6 +175,8 @@ def test_every_attack_is_stopped_and_the_pool_keeps_serving():
 
 
 def test_a_spinning_template_blocks_no_other_request_and_is_seen_as_saturation():
+    """The plain rendering is served by a second renderer started on demand: within a Python
+    start, not the ~1 ms of an idle renderer."""
     limits = TemplateLimits(timeout_s=4.0, workers=2)
 
     async def spin_and_serve(pool):
@@ -189,7 +196,7 @@ def test_a_spinning_template_blocks_no_other_request_and_is_seen_as_saturation()
         return plain, served_in, saturated_while_spinning, results, pool.saturated
 
     plain, served_in, saturated, results, saturated_after = _run(spin_and_serve, limits)
-    assert plain.startswith("<|im_start|>user\nhi") and served_in < 1.0
+    assert plain.startswith("<|im_start|>user\nhi") and served_in < limits.timeout_s / 2
     assert saturated and not saturated_after
     assert all(isinstance(result, TemplateLimitError) for result in results)
 
