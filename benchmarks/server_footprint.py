@@ -9,7 +9,9 @@ Each tree starts `python -m server serve` with its default flags (plus --server-
 cache folder, so that neither rebuilds the other's C++ extensions. A first, untimed start per tree
 builds them; then each round starts every tree once, in rotating order, waits until /ready
 answers 200, lets it settle for --settle-s seconds, and records every process's resident memory
-(VmRSS, and its anonymous, file-backed and shared parts). Issue 49's target: at most 450 MB
+(VmRSS, and its anonymous, file-backed and shared parts); then it sends one JSON-schema request
+(the grammar vocabulary is built on the first) and records its seconds, the event loop's longest
+lag so far and the resident memory after it. Issue 49's target: at most 450 MB
 (10^6 bytes) for the server and its workers together. MB here is 10^6 bytes.
 """
 
@@ -29,15 +31,19 @@ import httpx
 from benchmarks.agentic_servers import free_ports
 from benchmarks.machine import ROOT, baseline_tree, cpu_model
 from benchmarks.processes import tree_rss_bytes
+from specserve.bench.server_state import server_state
 from specserve.bench.report import emit, taking_turns
 
 TARGET_MB = 450
+STRUCTURED_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
+                                                      "age": {"type": "integer"}}}
 STARTUP_TIMEOUT_S = 600
 
 
-def start_and_measure(tree: Path, cache: Path, settle_s: float, server_args: list[str]) -> dict:
+def start_and_measure(tree: Path, cache: Path, settle_s: float, server_args: list[str],
+                      structured: bool = False) -> dict:
     """One start of the server in `tree`: seconds to /ready, then the resident memory of it and
-    its descendants."""
+    its descendants; with `structured`, then one JSON-schema request."""
     port = free_ports(1)[0]
     command = [sys.executable, "-m", "server", "serve", "--port", str(port),
                "--log-level", "warning", *server_args]
@@ -53,11 +59,28 @@ def start_and_measure(tree: Path, cache: Path, settle_s: float, server_args: lis
         ready_s = time.monotonic() - started
         time.sleep(settle_s)
         memory = tree_rss_bytes(process.pid)
+        first_structured = _first_structured_request(port, process.pid) if structured else {}
     finally:
         process.terminate()
         process.wait(timeout=60)
         log.close()
-    return {"ready_s": round(ready_s, 2), **memory}
+    return {"ready_s": round(ready_s, 2), **memory, **first_structured}
+
+
+def _first_structured_request(port: int, pid: int) -> dict:
+    """The first JSON-schema request's seconds (the grammar vocabulary is built on it), the
+    event loop's longest lag so far (`/metrics`), and the resident memory after it."""
+    started = time.monotonic()
+    reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": "A person as JSON."}], "max_tokens": 16,
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": "person", "schema": STRUCTURED_SCHEMA}}})
+    reply.raise_for_status()
+    seconds = time.monotonic() - started
+    state = server_state(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
+    return {"first_structured_s": round(seconds, 3),
+            "loop_lag_max_le_s": state.get("loop_lag_max_le_s"),
+            "rss_after_structured_bytes": tree_rss_bytes(pid)["rss_bytes"]}
 
 
 def _ready(port: int) -> bool:
@@ -81,6 +104,11 @@ def summary(samples: list[dict]) -> dict:
             "workers_rss_mb": median_mb(s["rss_bytes"] - m["rss"] for s, m in zip(samples, main)),
             "processes": statistics.median(s["processes"] for s in samples),
             "ready_s": round(statistics.median(s["ready_s"] for s in samples), 2),
+            "first_structured_s": statistics.median(s["first_structured_s"] for s in samples),
+            "rss_after_structured_mb": median_mb(s["rss_after_structured_bytes"]
+                                                 for s in samples),
+            "loop_lag_max_le_s": max((s["loop_lag_max_le_s"] for s in samples),
+                                     key=lambda bound: float(bound or 0)),
             "within_target": statistics.median(s["rss_bytes"] for s in samples) <= TARGET_MB * 1e6}
 
 
@@ -105,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         for round_index in range(args.rounds):
             for label in taking_turns(list(trees), round_index):
                 sample = start_and_measure(trees[label], caches[label], args.settle_s,
-                                           args.server_args.split())
+                                           args.server_args.split(), structured=True)
                 samples[label].append(sample)
                 print(f"{label}: ready in {sample['ready_s']} s, "
                       f"{sample['rss_bytes'] / 1e6:.1f} MB", file=sys.stderr)
