@@ -232,8 +232,9 @@ def serve(app, lifecycle: Lifecycle, host: str, port: int, log_level: str,
     # descriptors, asyncio leaves new connections waiting in the backlog and retries a second
     # later (server/connections.py logs it), while libuv accepts and closes them at once, so a
     # health probe during a flood of idle sockets was dropped (seen on a GPU machine).
+    # ws="none": no route speaks WebSocket, and uvicorn's default imports the websockets package.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, loop="asyncio",
-                            timeout_graceful_shutdown=ABORT_GRACE_S,
+                            timeout_graceful_shutdown=ABORT_GRACE_S, ws="none",
                             http=header_timeout_protocol(header_timeout_s))
     DrainingServer(config, lifecycle).run()
     if lifecycle.exit_status:
