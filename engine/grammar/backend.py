@@ -169,8 +169,8 @@ class GrammarCompiler:
 
     @property
     def tokenizer(self):
-        """llguidance's view of the vocabulary, built once, on the first constraint (~0.1 s on a
-        compiling thread, with the GIL free; see vocabulary.py)."""
+        """llguidance's view of the vocabulary, built once, on the first constraint (~0.2 s on a
+        compiling thread, ~0.1 s of it holding the GIL; see vocabulary.py)."""
         with self._lock:
             if self._tokenizer is None:
                 self._tokenizer = grammar_tokenizer(self._hf_tokenizer, self.vocab_size,

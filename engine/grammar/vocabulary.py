@@ -4,10 +4,11 @@ JSON.
 `llguidance.hf.from_tokenizer` serializes the whole Hugging Face tokenizer to JSON and parses it
 again in Rust: a second copy of the tokenizer (vocabulary and merges) that llguidance keeps for
 its own tokenizing. For the default model's 49,152 tokens that view holds ~38 MB of resident
-memory and holds the GIL for ~190 ms of its ~320 ms (AMD EPYC Zen 4), which is why it used to be
-built at start-up. Given the bytes of every token and a callback into the tokenizer the server
-already has, llguidance builds the same view in ~90 ms, without holding the GIL, in ~17 MB; so
-it is built on the first structured request, off the event loop.
+memory, and its build takes 0.34-0.39 s, 0.21-0.24 s of it holding the GIL (AMD EPYC Zen 4).
+Given the bytes of every token and a callback into the tokenizer the server already has,
+llguidance builds the same view in ~17 MB, in 0.21-0.25 s, holding the GIL for 0.09-0.12 s of it.
+The server builds it on the first structured request (on a compiling thread; the event loop
+pauses once, for that hold) rather than at start, where it would cost every server its memory.
 
 The bytes follow the rules llguidance applies to tokenizer JSON: a byte-level decoder maps
 characters back through GPT-2's byte alphabet; a byte-fallback decoder reads `<0xNN>` tokens as
