@@ -84,7 +84,9 @@ def test_a_spinning_rendering_is_stopped_and_blocks_nobody(server):
 def test_ready_fails_while_every_renderer_is_stuck(server):
     assert httpx.get(f"{server.base_url}/ready").status_code == 200
     spinners = [threading.Thread(target=_chat, args=(server, "spin")) for _ in range(3)]
-    for spinner in spinners:  # two renderers (the default) both spin, the third request waits
+    # The first spins on the renderer the server started with, the second on one the pool
+    # grows for it (up to two, the default), and the third waits: no more may start.
+    for spinner in spinners:
         spinner.start()
     def refused():  # the 503 itself is read: the renderers are killed TIMEOUT_S after they start
         response = httpx.get(f"{server.base_url}/ready")
