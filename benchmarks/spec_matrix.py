@@ -38,7 +38,7 @@ from specserve.bench.offline import build_truncated_draft
 from specserve.bench.report import emit, taking_turns
 from specserve.bench.workloads import KINDS, encode, load_workloads
 
-METHODS = ("none", "ngram", "eagle", "eagle-head", "layer-skip", "draft")
+METHODS = ("none", "ngram", "suffix", "auto", "eagle", "eagle-head", "layer-skip", "draft")
 
 
 def method_options(method: str, draft_folder: Path | None) -> dict:

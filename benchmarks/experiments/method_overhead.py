@@ -1,0 +1,116 @@
+"""What a speculative method costs where its drafts rarely pay: each method beside `none` on one
+workload at one concurrency (greedy, EOS ignored, prefix caching off, offline), the methods
+taking turns --repeats times, with the proposer's own time (its `prepare`, `propose` and
+`observe_target_step`) and the drafts it made. Issue 49's "never slower": a method that does not
+draft should cost nothing measurable, and one whose drafts fail should fall back to `none`'s
+speed. Single runs of such cells move by ±10% on a shared 2-vCPU host (the spec matrix's), so
+this takes the median of several interleaved runs.
+
+    python -m benchmarks.experiments.method_overhead --workload chat --concurrency 1,8,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import time
+
+from transformers import AutoTokenizer
+
+from benchmarks.machine import cpu_model, int8_variant, our_versions
+from engine import LLM, SamplingParams
+from engine.models.loader import resolve_model_folder
+from specserve.bench.report import emit, taking_turns
+from specserve.bench.workloads import encode, load_workloads
+
+PROPOSER_PHASES = ("prepare", "propose", "observe_target_step")
+
+
+def timed_proposer(llm: LLM, seconds: collections.Counter) -> None:
+    """Wraps the proposer's phases on this instance, adding their time to `seconds`."""
+    proposer = llm.engine.proposer
+    for name in PROPOSER_PHASES:
+        method = getattr(proposer, name)
+
+        def timed(*args, _method=method, _name=name, **kwargs):
+            started = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                seconds[_name] += time.perf_counter() - started
+        setattr(proposer, name, timed)
+
+
+def run(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int, list]:
+    """Seconds, draft tokens proposed, and the outputs' token ids."""
+    stats = llm.engine.scheduler.spec_stats
+    drafts_before = stats.num_draft_tokens
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    seconds = time.perf_counter() - started
+    return seconds, stats.num_draft_tokens - drafts_before, [o.token_ids for o in outputs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="chat")
+    parser.add_argument("--methods", default="ngram,suffix,eagle,auto")
+    parser.add_argument("--concurrency", default="1,8,16")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args()
+    folder, _ = resolve_model_folder(None)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompts = [encode(tokenizer, w) for w in load_workloads(args.workload, 4)]
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    methods = ["none", *args.methods.split(",")]
+    llms, phase_seconds = {}, {}
+    for method in methods:
+        llms[method] = LLM(None, speculative_method=method, enable_prefix_caching=False)
+        if method != "none":
+            phase_seconds[method] = collections.Counter()
+            timed_proposer(llms[method], phase_seconds[method])
+    cells = {}
+    for concurrency in [int(c) for c in args.concurrency.split(",")]:
+        batch = [prompts[i % len(prompts)] for i in range(concurrency)]
+        runs = {method: [] for method in methods}
+        for counter in phase_seconds.values():
+            counter.clear()
+        for repeat in range(args.repeats):
+            for method in taking_turns(methods, repeat):
+                runs[method].append(run(llms[method], batch, params))
+        cells[concurrency] = _cell(runs, phase_seconds, concurrency * args.max_tokens)
+        print(concurrency, {m: c.get("ratio_vs_none") for m, c in cells[concurrency].items()},
+              file=sys.stderr)
+    emit({"benchmark": "method_overhead", "cpu": cpu_model(), "int8_variant": int8_variant(),
+          "versions": our_versions(), "workload": args.workload, "max_tokens": args.max_tokens,
+          "repeats": args.repeats, "cells": cells}, args.output)
+
+
+def _cell(runs: dict, phase_seconds: dict, tokens: int) -> dict:
+    none_seconds = statistics.median(seconds for seconds, _, _ in runs["none"])
+    reference = runs["none"][0][2]
+    cell = {"none": {"seconds_median": round(none_seconds, 4),
+                     "tokens_per_s": round(tokens / none_seconds, 1)}}
+    for method, method_runs in runs.items():
+        if method == "none":
+            continue
+        seconds = [s for s, _, _ in method_runs]
+        median = statistics.median(seconds)
+        cell[method] = {
+            "seconds_median": round(median, 4), "tokens_per_s": round(tokens / median, 1),
+            "ratio_vs_none": round(none_seconds / median, 3),
+            "ratio_range": [round(none_seconds / max(seconds), 3),
+                            round(none_seconds / min(seconds), 3)],
+            "draft_tokens_per_run": statistics.median(d for _, d, _ in method_runs),
+            "proposer_ms_per_run": {name: round(1e3 * s / len(method_runs), 2)
+                                    for name, s in phase_seconds[method].items()},
+            "same_tokens_as_none": all(out == reference for _, _, out in method_runs)}
+    return cell
+
+
+if __name__ == "__main__":
+    main()

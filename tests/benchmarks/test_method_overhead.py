@@ -1,0 +1,26 @@
+"""benchmarks/experiments/method_overhead.py's cell: medians of interleaved runs against
+`none`'s, the spread, drafts and proposer time per run, and whether every run's tokens were
+`none`'s."""
+
+from __future__ import annotations
+
+import collections
+
+from benchmarks.experiments.method_overhead import _cell
+
+
+def test_a_cell_takes_medians_and_flags_other_tokens():
+    tokens = [[1, 2], [3, 4]]
+    runs = {"none": [(1.0, 0, tokens), (1.2, 0, tokens), (0.8, 0, tokens)],
+            "eagle": [(1.25, 1, tokens), (1.0, 3, tokens), (2.0, 2, tokens)],
+            "ngram": [(1.0, 0, tokens), (1.0, 0, [[1, 2], [3, 5]]), (1.0, 0, tokens)]}
+    phases = {"eagle": collections.Counter(prepare=0.03, propose=0.006),
+              "ngram": collections.Counter()}
+    cell = _cell(runs, phases, tokens=100)
+    assert cell["none"] == {"seconds_median": 1.0, "tokens_per_s": 100.0}
+    eagle = cell["eagle"]
+    assert eagle["ratio_vs_none"] == 0.8 and eagle["ratio_range"] == [0.5, 1.0]
+    assert eagle["draft_tokens_per_run"] == 2
+    assert eagle["proposer_ms_per_run"] == {"prepare": 10.0, "propose": 2.0}
+    assert eagle["same_tokens_as_none"] is True
+    assert cell["ngram"]["same_tokens_as_none"] is False  # the control: one run differed
