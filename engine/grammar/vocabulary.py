@@ -18,7 +18,8 @@ tests/engine/test_grammar_vocabulary.py checks every token, tokenizations and ma
 JSON path's.
 
 Tokenizers whose fragments would be tokenized differently by the server's own tokenizer (one
-that prepends a space, or truncates) and decoders of other kinds take the JSON path.
+that prepends a space, or truncates), decoders of other kinds and slow tokenizers take
+llguidance's own path (which refuses slow ones, as before).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def grammar_tokenizer(hf_tokenizer, n_vocab: int, eos_token_ids: list[int] | Non
     import llguidance
     import llguidance.hf
 
-    backend = hf_tokenizer.backend_tokenizer
-    tokens = token_bytes(backend) if tokenizes_fragments_as_is(backend) else None
+    backend = getattr(hf_tokenizer, "backend_tokenizer", None)  # None: a slow tokenizer
+    tokens = token_bytes(backend) if backend is not None and tokenizes_fragments_as_is(
+        backend) else None
     if tokens is None:
         return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=n_vocab,
                                             eos_token=eos_token_ids)

@@ -140,3 +140,12 @@ def test_a_decoder_of_another_kind_takes_the_json_path():
     backend = Tokenizer(models.BPE(unk_token="<unk>"))
     backend.decoder = decoders.Metaspace()
     assert token_bytes(backend) is None
+
+
+def test_a_slow_tokenizer_gets_llguidance_s_own_refusal():
+    """No `backend_tokenizer`: llguidance's path, and its ValueError, as before this module."""
+    class Slow:
+        eos_token_id = 0
+
+    with pytest.raises(ValueError, match="fast tokenizers"):
+        grammar_tokenizer(Slow(), 10, None)
