@@ -217,8 +217,10 @@ class LLMEngine:
         self.faults.raise_if("step_error", requests)
         self.faults.raise_if("oom", requests)
         # rows whose token the grammar alone decides may skip the LM head
+        capture = self.speculation is not None and self.speculation.wants_features(plan.scheduled)
         hidden, logits = runner.run(model_input,
-                                    known_next_tokens(requests, row_starts, bitmask))
+                                    known_next_tokens(requests, row_starts, bitmask),
+                                    capture_features=capture)
         emitted_by_owner = verify_step(requests, row_starts, logits, draft_probs,
                                        self.generator, bitmask, self.faults, failed)
         emitted = [[] for _ in plan.scheduled]

@@ -6,16 +6,27 @@ draft should cost nothing measurable, and one whose drafts fail should fall back
 speed. Single runs of such cells move by ±10% on a shared 2-vCPU host (the spec matrix's), so
 this takes the median of several interleaved runs.
 
+A method may carry options after colons: `eagle:random` drafts with an untrained head and
+without EAGLE's copy lookup (so its drafts are never accepted), `:kept` holds the draft head's retirement off (eagle.py
+HEAD_IDLE_STEPS: what every request paid for the head before it), so `eagle:random` beside
+`eagle:random:kept` is our own path with and without retiring a head that does not pay.
+
     python -m benchmarks.experiments.method_overhead --workload chat --concurrency 1,8,16
+    python -m benchmarks.experiments.method_overhead --methods eagle,eagle:kept,eagle:random
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+import torch
 
 from transformers import AutoTokenizer
 
@@ -26,6 +37,44 @@ from specserve.bench.report import emit, taking_turns
 from specserve.bench.workloads import encode, load_workloads
 
 PROPOSER_PHASES = ("prepare", "propose", "observe_target_step")
+METHOD_OPTIONS = ("random", "kept")
+
+
+def random_head(model_name: str, folder: Path) -> Path:
+    """An untrained head shaped like the one shipped for the model (its draft vocabulary and
+    feature layers), saved in `folder`: its drafts are (almost) never accepted."""
+    from safetensors.torch import load_file
+
+    from engine.spec_decode.eagle_head import (CONFIG_FILE, WEIGHTS_FILE, EagleHead,
+                                               EagleHeadConfig)
+    from engine.spec_decode.factory import shipped_head
+
+    shipped = shipped_head(model_name)
+    config = EagleHeadConfig(**json.loads((shipped / CONFIG_FILE).read_text()))
+    head = EagleHead(config.arch(), config.draft_vocab_size, config.feature_layers)
+    head.init_weights(torch.Generator().manual_seed(0))
+    head.token_ids.copy_(load_file(str(shipped / WEIGHTS_FILE))["token_ids"].long())
+    config.training, config.target_name = None, "untrained (method_overhead)"
+    head.save(folder, config)
+    return folder
+
+
+def build_llm(spec: str, model_name: str, scratch: Path) -> LLM:
+    """`method[:random][:kept]` (the module's docstring)."""
+    method, *options = spec.split(":")
+    unknown = set(options) - set(METHOD_OPTIONS)
+    if unknown:
+        raise SystemExit(f"unknown method option {sorted(unknown)} (known: {METHOD_OPTIONS})")
+    extra = {}
+    if "random" in options:
+        extra["draft_head"] = str(random_head(model_name, scratch / "head"))
+        if method == "eagle":
+            extra["eagle_ngram_min"] = 0  # no copies: every draft is the untrained head's
+    llm = LLM(None, speculative_method=method, enable_prefix_caching=False, **extra)
+    if "kept" in options:
+        proposer = llm.engine.proposer
+        (proposer.head if method == "auto" else proposer).retire = False
+    return llm
 
 
 def timed_proposer(llm: LLM, seconds: collections.Counter) -> None:
@@ -62,14 +111,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
-    folder, _ = resolve_model_folder(None)
+    folder, model_name = resolve_model_folder(None)
+    scratch = Path(tempfile.mkdtemp(prefix="method_overhead_"))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompts = [encode(tokenizer, w) for w in load_workloads(args.workload, 4)]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     methods = ["none", *args.methods.split(",")]
     llms, phase_seconds = {}, {}
     for method in methods:
-        llms[method] = LLM(None, speculative_method=method, enable_prefix_caching=False)
+        llms[method] = build_llm(method, model_name, scratch)
         if method != "none":
             phase_seconds[method] = collections.Counter()
             timed_proposer(llms[method], phase_seconds[method])

@@ -72,6 +72,11 @@ class Request:
     # What the EAGLE head has not read yet, as (first position, rows, rows are features) runs:
     # the target's kept rows, or the head's features made of them (writer: the eagle proposer).
     pending_features: list[tuple[int, object, bool]] = field(default_factory=list)
+    # The head no longer drafts for this request, so its features are not kept (writer: the
+    # eagle proposer, head_retirement.py); decode steps that added nothing since a head draft
+    # was last accepted.
+    head_retired: bool = False
+    head_idle_steps: int = 0
     spec_stats: SpecStats = field(default_factory=SpecStats)
     acceptance: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     # A proposer with several sources (eagle: copy lookup, head) keeps one tracker per source

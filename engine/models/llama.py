@@ -97,15 +97,16 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def hidden_states(self, input_ids, positions, kv_caches, meta: AttentionMetadata,
-                      layer_ids: Sequence[int] | None = None) -> torch.Tensor:
+                      layer_ids: Sequence[int] | None = None,
+                      capture_features: bool = True) -> torch.Tensor:
         """[num_tokens, hidden] after the decoder layers (before the final norm); writes KV.
-        With `feature_layers` (and every layer run): [num_tokens, hidden * (1 + n)], the last
-        layer's output followed by each feature layer's, in their order."""
+        With `feature_layers` (every layer run, `capture_features`): [num_tokens, hidden *
+        (1 + n)], the last layer's output followed by each feature layer's, in their order."""
         x = self.embed(input_ids)
         order = list(range(self.arch.num_layers)) if layer_ids is None else list(layer_ids)
         captured = []
         # Runs of layers between captures: the outputs of a run's last layer are kept.
-        cuts = sorted(self.feature_layers) if layer_ids is None else []
+        cuts = sorted(self.feature_layers) if layer_ids is None and capture_features else []
         runs = [order[start:end + 1] for start, end in
                 zip([0] + [c + 1 for c in cuts], cuts + [len(order) - 1]) if start <= end]
         fused = cpu_ops_for(x)

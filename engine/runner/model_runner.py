@@ -110,22 +110,25 @@ class ModelRunner:
         takes them itself)."""
         return None
 
-    def run(self, model_input: ModelInput, known_tokens: dict[int, int] | None = None):
+    def run(self, model_input: ModelInput, known_tokens: dict[int, int] | None = None,
+            capture_features: bool = True):
         """`execute` (the runner interface's name for it)."""
-        return self.execute(model_input, known_tokens)
+        return self.execute(model_input, known_tokens, capture_features)
 
     def row_cost(self, num_seqs: int):
         """None: a flat step computes one row per fed token, whoever drafts."""
         return None
 
-    def execute(self, model_input: ModelInput,
-                known_tokens: dict[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hidden states [num_tokens, hidden], logits [num_logits, vocab] float32).
+    def execute(self, model_input: ModelInput, known_tokens: dict[int, int] | None = None,
+                capture_features: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden states [num_tokens, hidden], logits [num_logits, vocab] float32); without
+        `capture_features`, hidden leaves out the model's feature layers (a draft head's).
         `known_tokens` {logits row: token}: rows whose masked distribution is one token
         (grammar/masks.py `known_next_tokens`) get a one-hot row (0 there, -inf elsewhere)
         instead of the LM head: each verified row of a CPU step costs ~8% of the step there."""
         hidden = self.model.hidden_states(model_input.input_ids, model_input.positions,
-                                          self.kv_cache, model_input.attention)
+                                          self.kv_cache, model_input.attention,
+                                          capture_features=capture_features)
         indices = model_input.logits_indices
         vocab = self.model.lm_head.out_features
         known = {row: token for row, token in (known_tokens or {}).items() if token < vocab}

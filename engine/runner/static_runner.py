@@ -212,11 +212,12 @@ class StaticStepRunner:
         request's drafts."""
         return functools.partial(self.padded_tokens, num_seqs)
 
-    def run(self, step: StaticStep, known_tokens: dict[int, int] | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, step: StaticStep, known_tokens: dict[int, int] | None = None,
+            capture_features: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden states of the padded layout, logits [num_logits, vocab] float32), both
-        possibly a graph's output buffers: valid until the next step. `known_tokens` is ignored:
-        a graph computes every row's logits."""
+        possibly a graph's output buffers: valid until the next step. `known_tokens` and
+        `capture_features` are ignored: a graph computes every row's logits, and keeps the
+        feature layers it was captured with."""
         hidden, logits = self.graphs.run(step.shape)
         step.argmax_in_graph = logits is not None
         if logits is None:

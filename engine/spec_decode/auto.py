@@ -58,6 +58,8 @@ class AutoProposer(Proposer):
             if k <= 0 or request.grammar is not None:  # grammar requests draft in between
                 continue
             trackers = _trackers(request, self.head.head_prior if self.head else None)
+            if request.head_retired:
+                trackers.pop(HEAD, None)  # nor slots reserved for the head's drafts
             options = self._options(request, k, trackers)
             source, draft = max(options, key=lambda option: self._rate(request, *option,
                                                                         trackers, k))
@@ -117,6 +119,9 @@ class AutoProposer(Proposer):
                         valid_prefix: ValidPrefix) -> list[int]:
         return (self.suffix.continue_drafts(request, drafts, num_tokens, valid_prefix)
                 or self.ngram.continuation(request, num_tokens, drafts, valid_prefix))
+
+    def wants_features(self, requests: Sequence[Request]) -> bool:
+        return self.head is not None and self.head.wants_features(requests)
 
     def observe_target_step(self, scheduled, row_starts, hidden, emitted) -> None:
         if self.head is not None:

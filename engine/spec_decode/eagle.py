@@ -29,6 +29,7 @@ from engine.core.request import Request
 from engine.metrics.spec_stats import PRIOR_ACCEPTANCE, AcceptanceTracker
 from engine.sample.sampler import argmax_rows
 from engine.spec_decode.eagle_head import EagleHead
+from engine.spec_decode.head_retirement import count_step
 from engine.spec_decode.model_drafter import sample_drafts
 from engine.spec_decode.ngram import NgramLookup
 from engine.spec_decode.proposer import Proposal, Proposer
@@ -46,9 +47,12 @@ class EagleProposer(Proposer):
 
     def __init__(self, head: EagleHead, target, kv_cache, block_size: int,
                  device: torch.device, shared_generator: torch.Generator | None = None,
-                 ngram: tuple[int, int] | None = None, head_prior: float = PRIOR_ACCEPTANCE):
+                 ngram: tuple[int, int] | None = None, head_prior: float = PRIOR_ACCEPTANCE,
+                 retire: bool = False):
         """`ngram`: (max, min) lengths of the n-gram lookup tried first; None: the head only.
-        `head_prior`: the head's expected acceptance (the controller's prior for its drafts)."""
+        `head_prior`: the head's expected acceptance (the controller's prior for its drafts).
+        `retire`: heads that do not pay retire (head_retirement.py), for a controller that
+        adapts K; with a fixed K they draft whatever they accept."""
         self.head = head
         self.target = target
         self.kv_cache = kv_cache
@@ -59,7 +63,9 @@ class EagleProposer(Proposer):
         self.copy_lookup = NgramLookup(*ngram) if ngram else None
         self.num_sequential_steps = 0  # head forwards in the last propose(), for the cost model
         self._copies: dict[str, list[int]] = {}  # this step's lookup drafts, by request id
+        self._drafted: set[str] = set()  # this step's requests the head drafted for
         self.head_prior = head_prior
+        self.retire = retire
 
     # ------------------------------------------------------------ target features
     def observe_target_step(self, scheduled, row_starts: Sequence[int], hidden: torch.Tensor,
@@ -72,10 +78,17 @@ class EagleProposer(Proposer):
         at batch 1 on CPU."""
         rows, runs = [], []
         for s, row_start, tokens in zip(scheduled, row_starts, emitted):
+            if s.request.head_retired:
+                continue
+            if self.retire and s.num_lookahead > 0:  # a decode step: did the head pay?
+                count_step(s.request, s.request.request_id in self._drafted, len(tokens) > 1)
+                if s.request.head_retired:
+                    continue
             settled = s.num_new_tokens + max(len(tokens) - 1, 0)
             if settled:
                 rows.extend(range(row_start, row_start + settled))
                 runs.append((s.request, s.request.num_computed_tokens, settled))
+        self._drafted = set()
         if not rows:
             return
         # One copy for every request (the step's output buffer may be reused when a graph
@@ -89,6 +102,9 @@ class EagleProposer(Proposer):
             _keep_features(request, start, kept[offset:offset + count])
             offset += count
 
+    def wants_features(self, requests: Sequence[Request]) -> bool:
+        return any(not request.head_retired for request in requests)
+
     # ----------------------------------------------------------------- proposing
     def prepare(self, requests: Sequence[Request], max_tokens: Sequence[int]) -> None:
         self._copies = {}
@@ -96,13 +112,20 @@ class EagleProposer(Proposer):
             trackers = request.acceptance_by_source
             if not trackers:
                 # Copies start from n-gram lookup's prior, not the head's measured acceptance.
-                trackers.update(head=request.acceptance,
-                                copy=AcceptanceTracker(prior=PRIOR_ACCEPTANCE))
+                trackers.update(copy=AcceptanceTracker(prior=PRIOR_ACCEPTANCE))
+                if not request.head_retired:
+                    trackers["head"] = request.acceptance
             copied = self.copy_lookup.continuation(request, k) if self.copy_lookup else []
-            use_copy = bool(copied) and \
-                trackers["copy"].estimate() >= trackers["head"].estimate(self.head_prior)
+            retired = request.head_retired
+            use_copy = bool(copied) and (retired or trackers["copy"].estimate()
+                                         >= trackers["head"].estimate(self.head_prior))
             if use_copy:
                 self._copies[request.request_id] = copied
+            if retired:  # the copy lookup alone, or no draft at all
+                trackers.pop("head", None)  # nor slots reserved for the head's drafts
+                request.acceptance = trackers["copy"] if use_copy else \
+                    trackers.setdefault("none", AcceptanceTracker(prior=0.0))
+                continue
             # The source not used drifts back towards the prior, so it is tried again later.
             trackers["head" if use_copy else "copy"].decay()
             request.acceptance = trackers["copy" if use_copy else "head"]
@@ -131,6 +154,7 @@ class EagleProposer(Proposer):
 
     def _draft(self, requests, num_tokens, active, drafts, probs) -> None:
         drafting = [requests[i] for i in active]
+        self._drafted = {request.request_id for request in drafting}
         features, positions = self._take_pending(drafting)
         predicted = self._catch_up(drafting, features, positions)
         lengths = [len(run) for run in positions]

@@ -101,7 +101,8 @@ def build_eagle(spec: SpeculativeConfig, engine, step_cost: LinearCostModel,
     prior = (head.config.training or {}).get("held_out_acceptance", PRIOR_ACCEPTANCE)
     model.feature_layers = head.feature_layers  # an EAGLE-3 head reads these layers too
     proposer = EagleProposer(head, model, kv_cache, engine.limits.block_size, engine.device,
-                             shared_generator=engine.generator, ngram=ngram, head_prior=prior)
+                             shared_generator=engine.generator, ngram=ngram, head_prior=prior,
+                             retire=spec.adaptive)
     draft_cost = ModelDraftCost(measure_head_step(head, model, kv_cache, engine.limits.block_size,
                                                   engine.device) / step_cost(1), step_cost)
     return proposer, draft_cost

@@ -63,6 +63,12 @@ class Proposer(ABC):
         """When a request ends (finished or aborted), before it is dropped: a proposer that
         learns across requests (suffix) keeps what it generated."""
 
+    def wants_features(self, requests: Sequence[Request]) -> bool:
+        """Whether the target's step over these requests should return the feature layers'
+        rows too (`LlamaForCausalLM.feature_layers`): a draft head reads them; without them
+        the step runs as `none`'s does."""
+        return False
+
     def observe_target_step(self, scheduled, row_starts, hidden: torch.Tensor,
                             emitted: Sequence[Sequence[int]]) -> None:
         """After each target step, before the scheduler records it: the step's hidden states

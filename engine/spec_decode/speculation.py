@@ -88,6 +88,10 @@ class Speculation:
                 probs[request.request_id] = draft_probs
         return probs
 
+    def wants_features(self, scheduled: Sequence[ScheduledRequest]) -> bool:
+        """Whether this step's forward should return the draft head's feature rows."""
+        return self.proposer.wants_features([s.request for s in scheduled])
+
     def observe(self, scheduled: Sequence[ScheduledRequest], token_row_starts: list[int],
                 hidden: torch.Tensor, emitted: list[list[int]], num_rows: int,
                 seconds: float) -> None:

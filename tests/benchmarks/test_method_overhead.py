@@ -24,3 +24,32 @@ def test_a_cell_takes_medians_and_flags_other_tokens():
     assert eagle["proposer_ms_per_run"] == {"prepare": 10.0, "propose": 2.0}
     assert eagle["same_tokens_as_none"] is True
     assert cell["ngram"]["same_tokens_as_none"] is False  # the control: one run differed
+
+
+def test_method_options_build_an_untrained_head_and_hold_retirement_off(tmp_path):
+    """`eagle:random` drafts with an untrained head shaped like the shipped one and no copy
+    lookup, and the target refuses its drafts; `:kept` holds that head's retirement off, the
+    plain spec keeps it on. The control: the shipped head's drafts are accepted on the same
+    prompt."""
+    import pytest
+
+    from benchmarks.experiments.method_overhead import build_llm
+    from engine import SamplingParams
+    from engine.models.loader import resolve_model_folder
+
+    _, name = resolve_model_folder(None)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompt = ["Write a Python function that returns the sum of a list of numbers."]
+
+    def accepted(spec: str, scratch) -> tuple[int, bool]:
+        llm = build_llm(spec, name, scratch)
+        output = llm.generate(prompt, params)[0]
+        return output.spec_stats.num_accepted_tokens, llm.engine.proposer.retire
+
+    untrained, retires = accepted("eagle:random", tmp_path / "a")
+    assert retires and untrained == 0
+    assert accepted("eagle:random:kept", tmp_path / "b")[1] is False
+    shipped, _ = accepted("eagle", tmp_path / "c")
+    assert shipped > 4
+    with pytest.raises(SystemExit):
+        build_llm("eagle:fast", name, tmp_path / "d")

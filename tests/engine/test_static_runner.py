@@ -166,11 +166,11 @@ def test_a_padded_step_runs_few_kernels_per_layer(tiny_chat_model_folder, monkey
         monkeypatch.setattr(owner, name, staticmethod(counting) if owner is TritonOps
                             else counting)
 
-    def padded_run(step, *args):  # count the layer in padded steps only
+    def padded_run(step, *args, **kwargs):  # count the layer in padded steps only
         layer.forward = counted_forward
         query_lens.append(step.shape.query_len)
         try:
-            return run(step, *args)
+            return run(step, *args, **kwargs)
         finally:
             layer.forward = forward
 

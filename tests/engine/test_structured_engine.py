@@ -169,9 +169,9 @@ def test_rows_the_grammar_decides_skip_the_lm_head_and_change_no_token(small_voc
     skipped = []
     execute = ModelRunner.execute
 
-    def counting(self, model_input, known_tokens=None):
+    def counting(self, model_input, known_tokens=None, *args):
         skipped.append(len(known_tokens or {}))
-        return execute(self, model_input, known_tokens)
+        return execute(self, model_input, known_tokens, *args)
 
     monkeypatch.setattr(ModelRunner, "execute", counting)
     with_skip = [o.token_ids for o in llm.generate([PROMPT_IDS] * 64, seeded)]
