@@ -148,6 +148,18 @@ def ops_per_layer(folder: str) -> float:
     return counts[-1]
 
 
+def cpu_isa_flags() -> list[str]:
+    """The CPU's vector flags that tell its kind apart (AVX2-only Zen 3, AVX-512 VNNI Zen 4,
+    AMX Xeon): the model name alone reads "AMD EPYC" on both EPYCs."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), [])
+    return sorted(f for f in flags if f in {"avx2", "avx512f", "avx512_vnni", "amx_int8"})
+
+
 def measure(args) -> dict:
     """Runs in whichever tree is on sys.path: the results of this tree's engine."""
     if args.ops == "torch":
@@ -235,10 +247,13 @@ def main() -> None:
         for _ in range(args.repeats):  # the trees take turns
             for name, tree in trees.items():
                 runs[name].append(run_tree(tree, args))
+    from benchmarks.machine import cpu_model  # this tree's (a baseline's may lack it)
+
     result = {
         "benchmark": "host_overhead",
         "date": time.strftime("%Y-%m-%d"),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+        "machine": {"cpu": cpu_model(), "cpu_flags": cpu_isa_flags(),
+                    "platform": platform.platform(), "cpus": os.cpu_count(),
                     "torch": torch.__version__},
         "config": {"batch_sizes": args.batch_sizes, "max_tokens": args.max_tokens,
                    "ops": args.ops, "repeats": args.repeats, "baseline": args.baseline,

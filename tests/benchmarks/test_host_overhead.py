@@ -32,4 +32,7 @@ def test_host_overhead_report(tmp_path):
         assert cells["flat/batch3"]["phases_ms_per_step"]["prepare_flat"] > 0
         assert 10 <= padded["ops_per_decoder_layer"] <= 24  # HEAD has this tree's layers
     assert set(report["ratios_baseline_over_this"]) == set(report["results"]["this"])
+    machine = report["machine"]  # names its CPU: the model, and the flags telling kinds apart
+    assert machine["cpu"] and set(machine["cpu_flags"]) <= {"avx2", "avx512f", "avx512_vnni",
+                                                             "amx_int8"}
     assert _worktrees() == worktrees_before  # the baseline's checkout is gone
