@@ -7,9 +7,10 @@ speed. Single runs of such cells move by ±10% on a shared 2-vCPU host (the spec
 this takes the median of several interleaved runs.
 
 A method may carry options after colons: `eagle:random` drafts with an untrained head and
-without EAGLE's copy lookup (so its drafts are never accepted), `:kept` holds the draft head's retirement off (eagle.py
-HEAD_IDLE_STEPS: what every request paid for the head before it), so `eagle:random` beside
-`eagle:random:kept` is our own path with and without retiring a head that does not pay.
+without EAGLE's copy lookup (so its drafts are never accepted), `:kept` holds the draft head's
+retirement off (engine/spec_decode/head_retirement.py: what every request paid for the head
+before it), so `eagle:random` beside `eagle:random:kept` is our own path with and without
+retiring a head that does not pay.
 
     python -m benchmarks.experiments.method_overhead --workload chat --concurrency 1,8,16
     python -m benchmarks.experiments.method_overhead --methods eagle,eagle:kept,eagle:random
