@@ -20,11 +20,12 @@ from engine.core.request import Request
 from engine.metrics.spec_stats import PRIOR_ACCEPTANCE, AcceptanceTracker
 from engine.spec_decode.step_cost import LinearCostModel, ModelDraftCost
 from engine.spec_decode.eagle import EagleProposer
+from engine.spec_decode.head_retirement import HEAD_TRACKER
 from engine.spec_decode.ngram import NgramLookup, ValidPrefix
 from engine.spec_decode.proposer import Proposal, Proposer
 from engine.spec_decode.suffix import SuffixProposer, chain_prior
 
-HEAD = "eagle"
+HEAD = HEAD_TRACKER  # the head's source name, and its tracker's key
 
 
 def expected_gain(acceptance: float, num_drafts: int) -> float:
@@ -58,8 +59,6 @@ class AutoProposer(Proposer):
             if k <= 0 or request.grammar is not None:  # grammar requests draft in between
                 continue
             trackers = _trackers(request, self.head.head_prior if self.head else None)
-            if request.head_retired:
-                trackers.pop(HEAD, None)  # nor slots reserved for the head's drafts
             options = self._options(request, k, trackers)
             source, draft = max(options, key=lambda option: self._rate(request, *option,
                                                                         trackers, k))

@@ -29,7 +29,7 @@ from engine.core.request import Request
 from engine.metrics.spec_stats import PRIOR_ACCEPTANCE, AcceptanceTracker
 from engine.sample.sampler import argmax_rows
 from engine.spec_decode.eagle_head import EagleHead
-from engine.spec_decode.head_retirement import count_step
+from engine.spec_decode.head_retirement import HEAD_TRACKER, count_step
 from engine.spec_decode.model_drafter import sample_drafts
 from engine.spec_decode.ngram import NgramLookup
 from engine.spec_decode.proposer import Proposal, Proposer
@@ -112,23 +112,21 @@ class EagleProposer(Proposer):
             trackers = request.acceptance_by_source
             if not trackers:
                 # Copies start from n-gram lookup's prior, not the head's measured acceptance.
-                trackers.update(copy=AcceptanceTracker(prior=PRIOR_ACCEPTANCE))
-                if not request.head_retired:
-                    trackers["head"] = request.acceptance
+                trackers.update({HEAD_TRACKER: request.acceptance,
+                                 "copy": AcceptanceTracker(prior=PRIOR_ACCEPTANCE)})
             copied = self.copy_lookup.continuation(request, k) if self.copy_lookup else []
-            retired = request.head_retired
-            use_copy = bool(copied) and (retired or trackers["copy"].estimate()
-                                         >= trackers["head"].estimate(self.head_prior))
+            head = trackers.get(HEAD_TRACKER)  # None once the head retired
+            use_copy = bool(copied) and (
+                head is None or trackers["copy"].estimate() >= head.estimate(self.head_prior))
             if use_copy:
                 self._copies[request.request_id] = copied
-            if retired:  # the copy lookup alone, or no draft at all
-                trackers.pop("head", None)  # nor slots reserved for the head's drafts
+            if head is None:  # the copy lookup alone, or no draft at all
                 request.acceptance = trackers["copy"] if use_copy else \
                     trackers.setdefault("none", AcceptanceTracker(prior=0.0))
                 continue
             # The source not used drifts back towards the prior, so it is tried again later.
-            trackers["head" if use_copy else "copy"].decay()
-            request.acceptance = trackers["copy" if use_copy else "head"]
+            (head if use_copy else trackers["copy"]).decay()
+            request.acceptance = trackers["copy"] if use_copy else head
         self.convert_long_waits(requests)
 
     def drafts_are_free(self, request: Request) -> bool:

@@ -19,12 +19,16 @@ from __future__ import annotations
 from engine.core.request import Request
 
 HEAD_IDLE_STEPS = 32
+# The head's acceptance tracker in `request.acceptance_by_source` (eagle.py and auto.py's key):
+# dropped with the head, so the scheduler reserves no slots for its drafts.
+HEAD_TRACKER = "eagle"
 
 
 def count_step(request: Request, head_drafted: bool, accepted: bool) -> None:
     """After a decode step of a request whose head is live: `head_drafted`, the step's drafts
     were the head's; `accepted`, some draft was accepted. Retires the head after more than
-    HEAD_IDLE_STEPS steps that added nothing (`request.head_retired`, its rows dropped)."""
+    HEAD_IDLE_STEPS steps that added nothing (`request.head_retired`, its rows and its tracker
+    dropped)."""
     if accepted:
         if head_drafted:
             request.head_idle_steps = 0
@@ -33,3 +37,4 @@ def count_step(request: Request, head_drafted: bool, accepted: bool) -> None:
     if request.head_idle_steps > HEAD_IDLE_STEPS:
         request.head_retired = True
         request.pending_features = []
+        request.acceptance_by_source.pop(HEAD_TRACKER, None)

@@ -150,13 +150,15 @@ def test_a_head_the_controller_never_drafts_with_retires_after_the_idle_steps(
 def test_steps_count_against_the_head_only_where_nothing_was_accepted(monkeypatch):
     """An accepted head draft starts the count again, a step another source paid for counts
     neither way, and a step that added nothing counts; past HEAD_IDLE_STEPS of those the head
-    retires and its rows go."""
+    retires and its rows and its acceptance tracker go."""
     from engine.core.request import Request
     from engine.sampling_params import SamplingParams as Params
 
     monkeypatch.setattr(head_retirement, "HEAD_IDLE_STEPS", 3)
     request = Request("r", [1, 2, 3], Params(max_tokens=8))
     request.pending_features = [(0, object(), False)]
+    request.acceptance_by_source = {head_retirement.HEAD_TRACKER: request.acceptance,
+                                    "copy": request.acceptance}
     for head_drafted, accepted, idle in [(True, False, 1), (False, False, 2), (True, True, 0),
                                          (False, False, 1), (False, True, 1), (False, False, 2),
                                          (True, False, 3)]:
@@ -165,6 +167,7 @@ def test_steps_count_against_the_head_only_where_nothing_was_accepted(monkeypatc
     assert request.pending_features
     head_retirement.count_step(request, False, False)
     assert request.head_retired and request.pending_features == []
+    assert list(request.acceptance_by_source) == ["copy"]  # no slots kept for its drafts
 
 
 def test_an_adaptive_controller_retires_heads_and_a_fixed_k_does_not(tiny_chat_model_folder,
