@@ -83,23 +83,35 @@ void attend(const AttentionPlan& plan, const float* q, int64_t q_row_stride, con
     const int64_t group = num_heads / num_kv_heads, slot_stride = num_kv_heads * D;
     const VecOps ops = vec_ops();
     const int64_t num_seqs = (int64_t)plan.request_rows.size() - 1;
-    // An item is a request's query heads on one KV head, sharing its key tiles: all its rows,
-    // and the whole GQA group where that leaves every thread two items (else one head of it).
-    // One thread computes an item, and a query's result never depends on the others in it
-    // (attend_heads), so a row's result is the same however rows are batched. Splitting costs a
-    // few microseconds: worth it only for enough multiply-adds.
-    const int64_t heads_per_item =
-        num_seqs * num_kv_heads >= 2 * at::get_num_threads() ? group : 1;
+    // An item is a request's query heads on one KV head, for a chunk of its rows, sharing its key
+    // tiles. One thread computes an item, and a query's result never depends on the others in it
+    // (attend_heads), so a row's result is the same however rows are batched or split. Splitting
+    // costs a few microseconds: worth it only for enough multiply-adds.
+    //  - Where attend_heads blocks queries that share keys, an item holds the whole GQA group
+    //    (a row's heads see exactly the same keys), and a request's rows are cut into chunks
+    //    until there are two items a thread where the rows allow it.
+    //  - Else the whole GQA group where that leaves every thread two items, one head of it if not.
+    const int64_t threads = at::get_num_threads(), kv_items = num_seqs * num_kv_heads;
+    const bool blocked = ops.query_block > 1;
+    const int64_t heads_per_item = blocked || kv_items >= 2 * threads ? group : 1;
+    const int64_t chunks =
+        blocked ? std::max<int64_t>(1, (2 * threads + kv_items - 1) / kv_items) : 1;
     const int64_t parts = group / heads_per_item;
-    const int64_t items = num_seqs * num_kv_heads * parts;
+    const int64_t items = kv_items * parts * chunks;
     const int64_t grain = plan.work * num_heads * D < kParallelAttentionWork ? items : 1;
     at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
         thread_local std::vector<float> scratch;
         thread_local std::vector<HeadQuery> queries;
         for (int64_t item = begin; item < end; ++item) {
-            const int64_t s = item / (num_kv_heads * parts), kvh = item / parts % num_kv_heads;
-            const int64_t first_head = kvh * group + item % parts * heads_per_item;
-            const int64_t row_begin = plan.request_rows[s], row_end = plan.request_rows[s + 1];
+            const int64_t s = item / (num_kv_heads * parts * chunks);
+            const int64_t kvh = item / (parts * chunks) % num_kv_heads;
+            const int64_t first_head = kvh * group + item / chunks % parts * heads_per_item;
+            const int64_t chunk = item % chunks;
+            const int64_t request_begin = plan.request_rows[s];
+            const int64_t num_rows = plan.request_rows[s + 1] - request_begin;
+            const int64_t row_begin = request_begin + num_rows * chunk / chunks;
+            const int64_t row_end = request_begin + num_rows * (chunk + 1) / chunks;
+            if (row_begin == row_end) continue;
             queries.clear();
             int64_t max_keys = 0;
             for (int64_t r = row_begin; r < row_end; ++r) {
@@ -146,4 +158,6 @@ void register_paged_attention(pybind11::module& m) {
           py::arg("v_cache"), py::arg("token_index"), py::arg("query_lens"),
           py::arg("context_lens"), py::arg("block_tables"), py::arg("out"), py::arg("window") = 0,
           py::arg("scale") = 0.0, py::arg("softcap") = 0.0);
+    m.def("attention_query_block", [] { return vec_ops().query_block; },
+          "how many query heads attention takes at once where they share keys (1: one at a time)");
 }

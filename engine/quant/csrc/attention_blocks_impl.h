@@ -1,0 +1,243 @@
+// Query heads that read the same KV head (a request's rows, a GQA group's heads), each over its
+// own keys [first_key, num_keys): out = softmax(scores) V. Included by vec_ops.cpp after
+// attention_rows_impl.h, once per instruction set; ATTENTION_QUERY_BLOCK (how many queries the
+// blocked kernels take at once) is set there per variant. No system headers here.
+//
+// The keys and values go by in tiles of kKeyTile, each used by every query while it is in L1:
+// reading them once per query from L2 made attention a third of a 6-row verify step at 500 keys.
+// Within a tile, blocks of kQueryBlock queries share each key and value load over the keys they
+// all see (register blocking; a load per multiply-add left the FMA units half idle), and each
+// query takes its other keys of the tile alone. Every query's arithmetic is that of a query alone
+// either way: per-key scores in one summation tree (sum_lanes), value sums over its keys in key
+// order from its first, carried across tiles and kernels in memory. So its result never depends
+// on the others, nor on how they were blocked. Scratch: (8 + round_up(keys, 8) + D) floats per
+// query, for the most keys one query sees.
+constexpr int64_t kKeyTile = 64;
+
+#ifdef GGUF_KERNEL_X86_SIMD
+#ifndef ATTENTION_QUERY_BLOCK
+#define ATTENTION_QUERY_BLOCK 1
+#endif
+// Queries per block: 3 where the variant has 32 vector registers (three queries' accumulators
+// for 8 keys, or for 64 value columns, are 24 of them), else 1 (AVX2's 16 registers would spill).
+constexpr int64_t kQueryBlock = ATTENTION_QUERY_BLOCK;
+
+// A query as the blocked kernels see it: scores[p - first] is its score (then weight) of key p,
+// sums its value sums (D floats).
+struct BlockQuery {
+    const float* q;
+    float* scores;
+    int64_t first;
+    float* sums;
+};
+
+// Query g's part of the scratch: its scores from its first key, then its value sums (D floats),
+// then 1 / the softmax total (8 floats kept for it).
+struct QueryScratch {
+    float* base;
+    int64_t stride, D;
+    float* scores(int64_t g) const { return base + g * stride; }
+    float* sums(int64_t g) const { return base + g * stride + stride - 8 - D; }
+    float* inverse_total(int64_t g) const { return base + g * stride + stride - 8; }
+};
+
+// Queries [g0, g0 + kQueryBlock) as a block.
+static inline void fill_block(const HeadQuery* queries, const QueryScratch& scratch, int64_t g0,
+                              BlockQuery* block) {
+    for (int64_t g = 0; g < kQueryBlock; ++g)
+        block[g] = {queries[g0 + g].q, scratch.scores(g0 + g), queries[g0 + g].first_key,
+                    scratch.sums(g0 + g)};
+}
+
+// scores of keys [begin, end), D a multiple of 8, for kQueryBlock queries at once: each key
+// row loaded once for all of them, each query's eight dot products summed as key_scores does.
+static void block_key_scores(const BlockQuery* block, int64_t D, float scale,
+                             const PagedRows& keys, int64_t begin, int64_t end) {
+    const __m256 scale8 = _mm256_set1_ps(scale);
+    for (int64_t p = begin; p < end; p += 8) {
+        const int64_t count = end - p < 8 ? end - p : 8;
+        const float* k[8];
+        for (int j = 0; j < 8; ++j) k[j] = keys.row(p + (j < count ? j : 0));
+        __m256 a[kQueryBlock][8];
+        for (int g = 0; g < kQueryBlock; ++g)
+            for (int j = 0; j < 8; ++j) a[g][j] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 qv[kQueryBlock];
+            for (int g = 0; g < kQueryBlock; ++g) qv[g] = _mm256_loadu_ps(block[g].q + d);
+            for (int j = 0; j < 8; ++j) {
+                const __m256 kv = _mm256_loadu_ps(k[j] + d);
+                for (int g = 0; g < kQueryBlock; ++g) a[g][j] = _mm256_fmadd_ps(qv[g], kv, a[g][j]);
+            }
+        }
+        for (int g = 0; g < kQueryBlock; ++g)
+            store_scores(_mm256_mul_ps(sum_lanes(a[g]), scale8), count,
+                         block[g].scores + (p - block[g].first));
+    }
+}
+
+// sums[d, d + 8 NV) += w[p] v_p[d, d + 8 NV) over keys [begin, end) in key order, for
+// kQueryBlock queries at once: each value row loaded once for all of them (values: column d on).
+template <int NV>
+static void block_weighted_values(const BlockQuery* block, const PagedRows& values, int64_t begin,
+                                  int64_t end, int64_t d) {
+    __m256 acc[kQueryBlock][NV];
+    for (int g = 0; g < kQueryBlock; ++g)
+        for (int c = 0; c < NV; ++c) acc[g][c] = _mm256_loadu_ps(block[g].sums + d + 8 * c);
+    for (int64_t p = begin; p < end; ++p) {
+        __m256 weight[kQueryBlock];
+        for (int g = 0; g < kQueryBlock; ++g)
+            weight[g] = _mm256_set1_ps(block[g].scores[p - block[g].first]);
+        const float* v = values.row(p);
+        for (int c = 0; c < NV; ++c) {
+            const __m256 vv = _mm256_loadu_ps(v + 8 * c);
+            for (int g = 0; g < kQueryBlock; ++g)
+                acc[g][c] = _mm256_fmadd_ps(weight[g], vv, acc[g][c]);
+        }
+    }
+    for (int g = 0; g < kQueryBlock; ++g)
+        for (int c = 0; c < NV; ++c) _mm256_storeu_ps(block[g].sums + d + 8 * c, acc[g][c]);
+}
+
+static void block_weighted_values_of(int64_t nv, const BlockQuery* block, const PagedRows& values,
+                                     int64_t begin, int64_t end, int64_t d) {
+    switch (nv) {
+        case 8: return block_weighted_values<8>(block, values, begin, end, d);
+        case 7: return block_weighted_values<7>(block, values, begin, end, d);
+        case 6: return block_weighted_values<6>(block, values, begin, end, d);
+        case 5: return block_weighted_values<5>(block, values, begin, end, d);
+        case 4: return block_weighted_values<4>(block, values, begin, end, d);
+        case 3: return block_weighted_values<3>(block, values, begin, end, d);
+        case 2: return block_weighted_values<2>(block, values, begin, end, d);
+        default: return block_weighted_values<1>(block, values, begin, end, d);
+    }
+}
+
+// The keys of tile [p, p + kKeyTile) that query g sees: [begin, end), empty where begin >= end.
+struct KeyRange {
+    int64_t begin, end;
+};
+static inline KeyRange tile_keys(const HeadQuery& query, int64_t p) {
+    return {p > query.first_key ? p : query.first_key,
+            p + kKeyTile < query.num_keys ? p + kKeyTile : query.num_keys};
+}
+
+// The keys of tile p that all of queries [g0, g0 + kQueryBlock) see; empty where there are not
+// that many queries left, or nothing is shared.
+static KeyRange shared_keys(const HeadQuery* queries, int64_t count, int64_t g0, int64_t p) {
+    if (kQueryBlock == 1 || g0 + kQueryBlock > count) return {0, 0};
+    KeyRange shared{p, p + kKeyTile};
+    for (int64_t g = g0; g < g0 + kQueryBlock; ++g) {
+        const KeyRange own = tile_keys(queries[g], p);
+        shared.begin = own.begin > shared.begin ? own.begin : shared.begin;
+        shared.end = own.end < shared.end ? own.end : shared.end;
+    }
+    return shared.begin < shared.end ? shared : KeyRange{0, 0};
+}
+
+// Scores (then soft-capped) of tile p for every query: blocks over their shared keys, the rest
+// one query at a time. A key's score is the same whichever computes it.
+static void tile_scores(const HeadQuery* queries, int64_t count, const QueryScratch& scratch,
+                        ScoreForm form, const PagedRows& keys, int64_t p) {
+    const int64_t D = scratch.D;
+    for (int64_t g0 = 0; g0 < count; g0 += kQueryBlock) {
+        const KeyRange shared = shared_keys(queries, count, g0, p);
+        if (shared.begin < shared.end) {
+            BlockQuery block[kQueryBlock];
+            fill_block(queries, scratch, g0, block);
+            block_key_scores(block, D, form.scale, keys, shared.begin, shared.end);
+        }
+        for (int64_t g = g0; g < g0 + kQueryBlock && g < count; ++g) {
+            const int64_t f = queries[g].first_key;
+            const KeyRange own = tile_keys(queries[g], p);
+            if (own.begin >= own.end) continue;
+            const PagedRows mine = from_key(keys, f);
+            if (shared.begin < shared.end) {
+                key_scores(queries[g].q, D, form.scale, mine, own.begin - f, shared.begin - f,
+                           scratch.scores(g));
+                key_scores(queries[g].q, D, form.scale, mine, shared.end - f, own.end - f,
+                           scratch.scores(g));
+            } else {
+                key_scores(queries[g].q, D, form.scale, mine, own.begin - f, own.end - f,
+                           scratch.scores(g));
+            }
+            if (form.softcap > 0)
+                soft_cap(scratch.scores(g) + own.begin - f, own.end - own.begin, form.softcap);
+        }
+    }
+}
+
+// Value sums of tile p over columns [d, d + 8 nv) for every query, each in key order: a block's
+// queries take their keys before the shared ones alone, then the shared ones together, then the
+// rest alone.
+static void tile_values(const HeadQuery* queries, int64_t count, const QueryScratch& scratch,
+                        int64_t nv, const PagedRows& part, int64_t d, int64_t p) {
+    for (int64_t g0 = 0; g0 < count; g0 += kQueryBlock) {
+        const KeyRange shared = shared_keys(queries, count, g0, p);
+        const bool blocked = shared.begin < shared.end;
+        const int64_t end_g = g0 + kQueryBlock < count ? g0 + kQueryBlock : count;
+        for (int64_t g = g0; g < end_g; ++g) {  // alone: all of the tile, or up to the shared keys
+            const int64_t f = queries[g].first_key;
+            const KeyRange own = tile_keys(queries[g], p);
+            const int64_t end = blocked ? shared.begin : own.end;
+            if (own.begin < end)
+                weighted_values_of(nv, scratch.scores(g), from_key(part, f), own.begin - f, end - f,
+                                   scratch.sums(g) + d);
+        }
+        if (!blocked) continue;
+        BlockQuery block[kQueryBlock];
+        fill_block(queries, scratch, g0, block);
+        block_weighted_values_of(nv, block, part, shared.begin, shared.end, d);
+        for (int64_t g = g0; g < end_g; ++g) {  // alone again: past the shared keys
+            const int64_t f = queries[g].first_key;
+            const KeyRange own = tile_keys(queries[g], p);
+            if (shared.end < own.end)
+                weighted_values_of(nv, scratch.scores(g), from_key(part, f), shared.end - f,
+                                   own.end - f, scratch.sums(g) + d);
+        }
+    }
+}
+#endif
+
+static void attend_heads(const HeadQuery* queries, int64_t count, int64_t D, ScoreForm form,
+                         const PagedRows& keys, const PagedRows& values, float* scratch) {
+    int64_t max_keys = 0, lowest = INT64_MAX, highest = 0;
+    for (int64_t g = 0; g < count; ++g) {
+        const HeadQuery& query = queries[g];
+        max_keys = query.num_keys - query.first_key > max_keys ? query.num_keys - query.first_key
+                                                               : max_keys;
+        lowest = query.first_key < lowest ? query.first_key : lowest;
+        highest = query.num_keys > highest ? query.num_keys : highest;
+    }
+    const int64_t stride = (max_keys + 7) / 8 * 8 + D + 8;  // scores, then sums, then 1 / total
+#ifdef GGUF_KERNEL_X86_SIMD
+    if (D % 8 == 0) {
+        const QueryScratch mine{scratch, stride, D};
+        const int64_t tiles_from = lowest / kKeyTile * kKeyTile;
+        for (int64_t p = tiles_from; p < highest; p += kKeyTile)
+            tile_scores(queries, count, mine, form, keys, p);
+        for (int64_t g = 0; g < count; ++g) {
+            *mine.inverse_total(g) = 1.0f / softmax_numerators(
+                mine.scores(g), queries[g].num_keys - queries[g].first_key);
+            for (int64_t d = 0; d < D; ++d) mine.sums(g)[d] = 0.0f;
+        }
+        for (int64_t d = 0; d < D; d += 64) {  // 64 columns (8 registers) a pass over the values
+            const PagedRows part{values.base + d, values.slots, values.slot_stride};
+            const int64_t nv = (D - d < 64 ? D - d : 64) / 8;
+            for (int64_t p = tiles_from; p < highest; p += kKeyTile)
+                tile_values(queries, count, mine, nv, part, d, p);
+        }
+        for (int64_t g = 0; g < count; ++g) {
+            const __m256 inv = _mm256_set1_ps(*mine.inverse_total(g));
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(queries[g].out + d,
+                                 _mm256_mul_ps(_mm256_loadu_ps(mine.sums(g) + d), inv));
+        }
+        return;
+    }
+#endif
+    for (int64_t g = 0; g < count; ++g) {
+        const int64_t f = queries[g].first_key;
+        attend_head_scalar(queries[g].q, D, form, from_key(keys, f), from_key(values, f),
+                           queries[g].num_keys - f, scratch + g * stride, queries[g].out);
+    }
+}
