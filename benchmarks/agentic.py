@@ -18,6 +18,9 @@ the waves' wall times), acceptance from `usage.speculative` (llama-server's `tim
 suffix's tokens/s over every other target's. Greedy and seeded outputs of our methods must agree
 (lossless; llama.cpp's numerics differ); the report says whether they did. The machine's load
 (`uptime`) is recorded before and after. `--plot` draws the report (benchmarks/agentic_plot.py).
+`--baseline REF` also serves `--baseline-methods` from REF checked out beside this tree (labelled
+`<method>-baseline`, their outputs held to ours), and reports each method's tokens/s over its
+baseline's.
 """
 
 from __future__ import annotations
@@ -25,16 +28,18 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 
-from benchmarks.agentic_run import (Chat, Target, TurnRecord, http_chat, renumbered,
-                                    run_in_waves, run_interleaved, summarize)
+from benchmarks.agentic_run import (Chat, Target, TurnRecord, http_chat, over_baseline,
+                                    renumbered, run_in_waves, run_interleaved, summarize)
 from benchmarks.agentic_servers import start_all
 from benchmarks.agentic_workloads import (DEFAULT_REPEATS, WORKLOAD_NAMES,
                                           Workload, all_workloads,
                                           select_workloads)
-from benchmarks.machine import cpu_model, our_versions
+from benchmarks.machine import baseline_tree, cpu_model, our_versions
 from specserve.bench.report import emit
 
 METHODS = ("none", "ngram", "suffix", "auto")
@@ -69,7 +74,8 @@ def run_rounds(rounds: list[list[Workload]], targets: list[Target], chat: Chat,
                 walls[workload.name][label] += seconds
             print(f"round {round_index}, {workload.name}: done", file=sys.stderr)
     # fewer episodes than --concurrency: never that many in flight (raise --scale, --repeats)
-    return {name: {"episodes": episodes[name], **summarize(found, targets, walls.get(name))}
+    return {name: {"episodes": episodes[name],
+                   **over_baseline(summarize(found, targets, walls.get(name)))}
             for name, found in records.items()}
 
 
@@ -98,6 +104,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--llama-server-plain", action="store_true",
                         help="also llama-server without speculation")
     parser.add_argument("--llama-server-threads", type=int, default=2)
+    parser.add_argument("--baseline", default=None, metavar="REF",
+                        help="also serve --baseline-methods from this commit (a git worktree)")
+    parser.add_argument("--baseline-methods", default="none,suffix")
     parser.add_argument("--log-dir", default="/tmp")
     parser.add_argument("--cpu-note", default=None, help="what to say of the CPU beside its name")
     parser.add_argument("--output", default=None)
@@ -126,17 +135,21 @@ def main(argv: list[str] | None = None) -> None:
 
         load_pyplot()  # no matplotlib: say so now, not after the run
     load_before = _load()
-    servers = start_all(args.methods.split(","), args.server_args.split(), Path(args.log_dir),
-                        args.llama_server, args.llama_server_plain, args.llama_server_threads,
-                        args.concurrency)
-    chat = partial(http_chat, max_tokens=args.max_tokens)
-    results = run_rounds(rounds, servers.targets, chat, args.concurrency)
-    servers.stop()
+    with ExitStack() as stack:
+        tree = stack.enter_context(baseline_tree(args.baseline))
+        baseline = (tree, stack.enter_context(tempfile.TemporaryDirectory()),
+                    args.baseline_methods.split(",")) if tree else None
+        servers = start_all(args.methods.split(","), args.server_args.split(),
+                            Path(args.log_dir), args.llama_server, args.llama_server_plain,
+                            args.llama_server_threads, args.concurrency, baseline)
+        chat = partial(http_chat, max_tokens=args.max_tokens)
+        results = run_rounds(rounds, servers.targets, chat, args.concurrency)
+        servers.stop()
     report = {"benchmark": "agentic", "cpu": cpu_model(), "cpu_note": args.cpu_note,
               "versions": our_versions(), "batch": 1 if args.concurrency == 1 else None,
               "concurrency": args.concurrency, "max_tokens": args.max_tokens,
               "scale": args.scale, "repeats": args.repeats, "seed": args.seed,
-              "rounds": args.rounds,
+              "rounds": args.rounds, "baseline": args.baseline,
               "server_args": args.server_args, "servers": servers.commands,
               "load_before": load_before, "load_after": _load(), "workloads": results}
     emit(report, args.output)

@@ -212,3 +212,15 @@ def outputs_identical(records: list[TurnRecord], targets: list[Target]) -> bool:
         if record.target in ours and not (record.sampled and record.target in SAMPLES_ITS_DRAFTS):
             texts.setdefault((record.episode, record.turn), set()).add(record.text)
     return all(len(variants) == 1 for variants in texts.values())
+
+
+def over_baseline(result: dict, suffix: str = "-baseline") -> dict:
+    """A workload's result with each method's tokens/s over its baseline's (an older tree's
+    server of the same method, labelled `<method>-baseline`) where both were served."""
+    for label, cell in list(result.items()):
+        baseline = result.get(label + suffix)
+        if isinstance(cell, dict) and isinstance(baseline, dict) and \
+                cell.get("tokens_per_s") and baseline.get("tokens_per_s"):
+            result[f"{label}_over_baseline"] = round(cell["tokens_per_s"]
+                                                     / baseline["tokens_per_s"], 3)
+    return result

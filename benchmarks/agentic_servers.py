@@ -1,6 +1,7 @@
 """The servers benchmarks/agentic.py compares: one `specserve serve` per speculative method, and
-optionally llama.cpp's own `llama-server` with its n-gram cache (and without speculation), all
-started before the first request and ended with the benchmark.
+optionally llama.cpp's own `llama-server` with its n-gram cache (and without speculation), and
+servers of an older tree (`--baseline`, labelled `<method>-baseline`), all started before the
+first request and ended with the benchmark.
 
 llama-server gets as many slots as the benchmark has episodes in flight (-np), with 2048 tokens
 of context per slot and at least 8192 in all, so that at concurrency N it serves N requests at
@@ -27,6 +28,7 @@ LLAMA_NGRAM_CACHE = "llama-server-ngram-cache"
 LLAMA_PLAIN = "llama-server"
 LLAMA_CONTEXT_PER_SLOT = 2048
 LLAMA_MIN_CONTEXT = 8192
+BASELINE_SUFFIX = "-baseline"  # an older tree's server: "none-baseline"
 
 
 def free_ports(count: int) -> list[int]:
@@ -58,6 +60,13 @@ def llama_server_command(binary: str, model: str, port: int, threads: int, concu
     return command
 
 
+def baseline_env(tree: Path, cache_dir: str) -> dict[str, str]:
+    """What an older tree's server runs with, started in `tree` (`python -m server` imports from
+    its working directory first): its packages before this tree's (installed editable), and its
+    own kernel build folder, since one folder serves one tree's sources."""
+    return {"PYTHONPATH": str(tree), "SPECSERVE_CACHE_DIR": cache_dir}
+
+
 def default_gguf() -> str:
     from engine.models.loader import default_model_path
 
@@ -79,9 +88,9 @@ class Servers:
         signal.signal(signal.SIGTERM, self._end_on_signal)
 
     def launch(self, label: str, command: list[str], port: int, ours: bool,
-               env: dict[str, str] | None = None) -> None:
+               env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         log = open(self.log_dir / f"agentic_{label}.log", "w")
-        self.processes[label] = subprocess.Popen(command, stdout=log, stderr=log,
+        self.processes[label] = subprocess.Popen(command, stdout=log, stderr=log, cwd=cwd,
                                                  env={**os.environ, **(env or {})})
         self.targets.append(Target(label, f"http://127.0.0.1:{port}", ours))
         prefix = " ".join(f"{key}={value}" for key, value in (env or {}).items())
@@ -123,21 +132,29 @@ def _healthy(url: str) -> bool:
 
 
 def start_all(methods: list[str], server_args: list[str], log_dir: Path, llama_binary: str | None,
-              llama_plain: bool, llama_threads: int, concurrency: int) -> Servers:
+              llama_plain: bool, llama_threads: int, concurrency: int,
+              baseline: tuple[Path, str, list[str]] | None = None) -> Servers:
     """Our servers with the environment they always had (threads as the machine gives them),
-    then the llama-servers asked for, each once the one before is healthy: a specserve times
-    its steps at start-up for the controller's cost model, and four started together timed
-    theirs on a shared CPU, 2-4x too slow (one priced a draft row at 1.88 ms, alone 0.57)."""
+    then the baseline's (tree, kernel cache folder, methods), then the llama-servers asked for,
+    each once the one before is healthy: a specserve times its steps at start-up for the
+    controller's cost model, and four started together timed theirs on a shared CPU, 2-4x too
+    slow (one priced a draft row at 1.88 ms, alone 0.57)."""
     servers = Servers(log_dir)
     wanted = [(LLAMA_NGRAM_CACHE, True)] + ([(LLAMA_PLAIN, False)] if llama_plain else [])
     wanted = wanted if llama_binary else []
-    ports = free_ports(len(methods) + len(wanted))
+    tree, cache_dir, baseline_methods = baseline or (None, "", [])
+    ports = free_ports(len(methods) + len(baseline_methods) + len(wanted))
     for method, port in zip(methods, ports):
         servers.launch(method, specserve_command(method, port, server_args), port, ours=True)
         servers.wait_healthy(servers.targets[-1:])
+    for method, port in zip(baseline_methods, ports[len(methods):]):
+        servers.launch(method + BASELINE_SUFFIX, specserve_command(method, port, server_args),
+                       port, ours=True, cwd=tree, env=baseline_env(tree, cache_dir))
+        servers.wait_healthy(servers.targets[-1:])
     if wanted:
         model = default_gguf()
-        for (label, ngram_cache), port in zip(wanted, ports[len(methods):]):
+        for (label, ngram_cache), port in zip(wanted,
+                                              ports[len(methods) + len(baseline_methods):]):
             command = llama_server_command(llama_binary, model, port, llama_threads, concurrency,
                                            ngram_cache)
             servers.launch(label, command, port, ours=False,

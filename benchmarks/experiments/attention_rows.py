@@ -1,0 +1,133 @@
+"""CPU paged attention by the shape of a step: one layer's call of the default model's attention
+(SmolLM2-135M: 9 query heads over 3 KV heads of 64), this tree beside another.
+
+For each shape (requests, rows each, keys each): a decode row, verify steps of 4 and 16 rows, 16
+decoding requests, a prefill chunk behind a cached prefix, the fastest of `--rounds` rounds of
+`--calls` calls, over shuffled KV blocks. `--baseline REF` checks REF out into a temporary git
+worktree and runs this script there as a subprocess, with its own kernel build (its own
+SPECSERVE_CACHE_DIR), the trees taking turns `--repeats` times; the medians are reported, and
+whether both trees' outputs were bitwise the same (each run hashes its outputs). Prints JSON.
+
+    python -m benchmarks.experiments.attention_rows [--baseline HEAD~2] [--repeats 3]
+
+Figures: docs/performance/vs-llamacpp.md (attention in query blocks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, LAYERS = 9, 3, 64, 16, 30
+SHAPES = ((1, 1, 500), (1, 4, 500), (1, 16, 100), (1, 16, 500), (16, 1, 500), (16, 4, 300),
+          (1, 70, 400))  # (requests, rows each, keys each)
+
+
+def measure_shape(ops, num_seqs: int, rows_each: int, keys: int, calls: int,
+                  rounds: int) -> tuple[float, str]:
+    """(fastest ms of one call, sha256 of its output)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(num_seqs * 1000 + rows_each * 10 + keys)
+    blocks_each = -(-keys // BLOCK_SIZE)
+    num_blocks = num_seqs * blocks_each
+    k_cache = torch.randn(num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen)
+    v_cache = torch.randn(num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen)
+    q = torch.randn(num_seqs * rows_each, NUM_HEADS, HEAD_DIM, generator=gen)
+    args = (q, k_cache, v_cache, torch.arange(num_seqs * rows_each).view(num_seqs, rows_each),
+            torch.full((num_seqs,), rows_each), torch.full((num_seqs,), keys),
+            torch.randperm(num_blocks, generator=gen).view(num_seqs, blocks_each),
+            torch.empty_like(q))
+    for _ in range(10):
+        ops.paged_attention_small(*args)
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(calls):
+            ops.paged_attention_small(*args)
+        best = min(best, (time.perf_counter() - started) / calls)
+    return best * 1e3, hashlib.sha256(args[-1].numpy().tobytes()).hexdigest()
+
+
+def measure(args) -> dict:
+    import torch
+
+    from engine.quant.kernels import load_kernel
+
+    ops = load_kernel()
+    query_block = ops.attention_query_block() if hasattr(ops, "attention_query_block") else 1
+    shapes = {}
+    for num_seqs, rows_each, keys in SHAPES:
+        ms, digest = measure_shape(ops, num_seqs, rows_each, keys, args.calls, args.rounds)
+        shapes[f"{num_seqs}x{rows_each}@{keys}"] = {"ms_per_layer": round(ms, 4), "sha256": digest}
+    return {"threads": torch.get_num_threads(), "query_block": query_block, "shapes": shapes}
+
+
+def run_tree(tree: Path, cache_dir: str | None, args) -> dict:
+    """This script as a subprocess with `tree` first on the import path (and its own kernel
+    build where `cache_dir` is given: one build folder serves one tree's sources)."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--measure-only",
+               "--calls", str(args.calls), "--rounds", str(args.rounds)]
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    if cache_dir:
+        env["SPECSERVE_CACHE_DIR"] = cache_dir
+    done = subprocess.run(command, cwd=tree, env=env, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def medians(runs: list[dict]) -> dict:
+    first = runs[0]
+    return {"threads": first["threads"], "query_block": first["query_block"],
+            "ms_per_layer": {shape: round(statistics.median(r["shapes"][shape]["ms_per_layer"]
+                                                            for r in runs), 4)
+                             for shape in first["shapes"]},
+            "sha256": {shape: cell["sha256"] for shape, cell in first["shapes"].items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", help="git ref to measure beside this tree")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--output")
+    parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure_only:
+        print(json.dumps(measure(args)))
+        return
+    from benchmarks.host_overhead import cpu_isa_flags
+    from benchmarks.machine import ROOT, baseline_tree, cpu_model, our_versions
+
+    with baseline_tree(args.baseline) as baseline, tempfile.TemporaryDirectory() as cache:
+        trees = {"this": (ROOT, None), **({"baseline": (baseline, cache)} if baseline else {})}
+        runs: dict[str, list[dict]] = {name: [] for name in trees}
+        for _ in range(args.repeats):  # the trees take turns
+            for name, (tree, cache_dir) in trees.items():
+                runs[name].append(run_tree(tree, cache_dir, args))
+    results = {name: medians(r) for name, r in runs.items()}
+    report = {"benchmark": "attention_rows", "cpu": cpu_model(), "cpu_flags": cpu_isa_flags(),
+              "versions": our_versions(), "baseline": args.baseline, "repeats": args.repeats,
+              "model_shape": {"heads": NUM_HEADS, "kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
+                              "layers": LAYERS},
+              "results": results}
+    if baseline:
+        this, base = results["this"], results["baseline"]
+        report["baseline_over_this"] = {shape: round(base["ms_per_layer"][shape] / ms, 3)
+                                        for shape, ms in this["ms_per_layer"].items()}
+        report["outputs_bitwise_equal"] = this["sha256"] == base["sha256"]
+    from specserve.bench.report import emit
+
+    emit(report, args.output, indent=2)
+
+
+if __name__ == "__main__":
+    main()

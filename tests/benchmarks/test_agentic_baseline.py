@@ -1,0 +1,44 @@
+"""benchmarks/agentic.py --baseline: an older tree's servers beside ours."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.agentic_run import over_baseline
+from benchmarks.agentic_servers import baseline_env
+
+
+def test_each_method_over_its_baseline():
+    """`--baseline`: a method's tokens/s over its older tree's server's, where both ran."""
+    result = {"none": {"tokens_per_s": 12.0}, "none-baseline": {"tokens_per_s": 10.0},
+              "suffix": {"tokens_per_s": 30.0}, "ngram": {"tokens_per_s": 20.0},
+              "suffix_over_none": 2.5}
+    ratios = over_baseline(dict(result))
+    assert ratios["none_over_baseline"] == 1.2
+    assert "suffix_over_baseline" not in ratios and "ngram_over_baseline" not in ratios
+    assert over_baseline({"none": {"tokens_per_s": 0.0},
+                          "none-baseline": {"tokens_per_s": 1.0}}).keys() == {"none",
+                                                                               "none-baseline"}
+
+
+def test_a_baseline_server_imports_the_older_tree(tmp_path):
+    """The older tree's `server` and `engine` packages, not this tree's (installed editable),
+    and its own kernel folder. Control: without baseline_env the same command imports ours."""
+    for package in ("server", "engine"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    probe = [sys.executable, "-c", "import os, server, engine; "
+             "print(server.__file__, engine.__file__, os.environ.get('SPECSERVE_CACHE_DIR'))"]
+
+    def imported(**launch) -> list[str]:
+        return subprocess.run(probe, capture_output=True, text=True, check=True,
+                              **launch).stdout.split()
+
+    older = imported(cwd=tmp_path, env={**os.environ, **baseline_env(tmp_path, "/tmp/kernels")})
+    assert older == [str(tmp_path / "server" / "__init__.py"),
+                     str(tmp_path / "engine" / "__init__.py"), "/tmp/kernels"]
+    ours = imported(cwd=Path(__file__).resolve().parents[2])
+    assert not ours[0].startswith(str(tmp_path)) and not ours[1].startswith(str(tmp_path))
