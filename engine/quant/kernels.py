@@ -48,6 +48,11 @@ def load_kernel():
                        "library cannot format its error messages); using the slower "
                        "pure-torch fallback", failure)
         return None
+    try:  # SPECSERVE_FLOAT_ISA is read once, here: a name this CPU cannot run fails at start
+        variant = module.float_isa()
+    except RuntimeError as error:
+        raise ValueError(str(error).splitlines()[0]) from None
+    logger.info("float CPU kernels: %s", ("generic", "avx2", "avx512")[variant])
     return module
 
 

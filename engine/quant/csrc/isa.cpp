@@ -24,9 +24,28 @@ int64_t best_isa() {
     return kGeneric;
 }
 
+const char* const kFloatIsaNames[] = {"generic", "avx2", "avx512"};
+
+int64_t float_isa() {
+    static const int64_t chosen = []() -> int64_t {
+        const char* forced = std::getenv("SPECSERVE_FLOAT_ISA");
+        if (forced == nullptr || *forced == '\0') return best_isa();
+        for (int64_t isa = kGeneric; isa <= kAvx512; ++isa)
+            if (std::string(forced) == kFloatIsaNames[isa]) {
+                TORCH_CHECK(isa <= best_isa(), "SPECSERVE_FLOAT_ISA=", forced,
+                            " is not available on this CPU (best: ", kFloatIsaNames[best_isa()],
+                            ")");
+                return isa;
+            }
+        TORCH_CHECK(false, "SPECSERVE_FLOAT_ISA must be generic, avx2 or avx512, got ", forced);
+        return kGeneric;
+    }();
+    return chosen;
+}
+
 int64_t resolve_isa(int64_t isa) {
     const int64_t best = best_isa();
-    if (isa == kAuto) return best;
+    if (isa == kAuto) return float_isa();
     TORCH_CHECK(isa >= kGeneric && isa <= best, "instruction set ", isa,
                 " is not available on this CPU (best: ", best, ")");
     return isa;

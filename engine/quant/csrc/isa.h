@@ -8,8 +8,12 @@
 
 // Float kernels: the widest the CPU runs, or a narrower one a caller names (tests, benchmarks).
 enum FloatIsa : int64_t { kAuto = -1, kGeneric = 0, kAvx2 = 1, kAvx512 = 2 };
+extern const char* const kFloatIsaNames[];  // as SPECSERVE_FLOAT_ISA names them
 int64_t best_isa();
-int64_t resolve_isa(int64_t isa);  // kAuto -> best_isa(); refuses one the CPU cannot run
+// The variant this process uses: the CPU's widest, or a narrower one named by SPECSERVE_FLOAT_ISA
+// (with SPECSERVE_INT8_ISA=avx2, what an AVX2-only CPU runs). Fixed at the first call.
+int64_t float_isa();
+int64_t resolve_isa(int64_t isa);  // kAuto -> float_isa(); refuses one the CPU cannot run
 
 // Integer kernels. Not a chain: CPUs with AVX-512 VNNI may lack AVX-VNNI. AMX-INT8 also needs
 // AVX-512 VNNI (its few-row calls run there) and the kernel's leave to use the tiles, asked once

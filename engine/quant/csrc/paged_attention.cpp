@@ -79,9 +79,9 @@ AttentionPlan plan_attention(const torch::Tensor& token_index, const torch::Tens
 // [num_blocks, block_size, Hk, D].
 void attend(const AttentionPlan& plan, const float* q, int64_t q_row_stride, const float* k_cache,
             const float* v_cache, int64_t num_heads, int64_t num_kv_heads, int64_t D, float* out,
-            int64_t out_row_stride, ScoreForm form) {
+            int64_t out_row_stride, ScoreForm form, int64_t isa) {
     const int64_t group = num_heads / num_kv_heads, slot_stride = num_kv_heads * D;
-    const VecOps ops = vec_ops();
+    const VecOps ops = vec_ops(isa);
     const int64_t num_seqs = (int64_t)plan.request_rows.size() - 1;
     // An item is a request's query heads on one KV head, for a chunk of its rows, sharing its key
     // tiles. One thread computes an item, and a query's result never depends on the others in it
@@ -135,11 +135,12 @@ void attend(const AttentionPlan& plan, const float* q, int64_t q_row_stride, con
 // q [T, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hk, D] already holding this step's KV.
 // Writes out[token_index[s, r]] for every real row; other rows of out are left untouched.
 // window > 0: sliding-window attention; scale <= 0: 1 / sqrt(D); softcap > 0: soft-capped scores.
+// isa: the float variant to run (tests; kAuto: the process's, isa.h float_isa()).
 void paged_attention_small(const torch::Tensor& q, const torch::Tensor& k_cache,
                            const torch::Tensor& v_cache, const torch::Tensor& token_index,
                            const torch::Tensor& query_lens, const torch::Tensor& context_lens,
                            const torch::Tensor& block_tables, torch::Tensor& out, int64_t window,
-                           double scale, double softcap) {
+                           double scale, double softcap, int64_t isa) {
     check_float_rows(q, "q");
     check_float_rows(k_cache, "k_cache");
     check_float_rows(v_cache, "v_cache");
@@ -149,7 +150,7 @@ void paged_attention_small(const torch::Tensor& q, const torch::Tensor& k_cache,
     const int64_t num_heads = q.size(1), D = q.size(2);
     attend(plan, q.data_ptr<float>(), num_heads * D, k_cache.data_ptr<float>(),
            v_cache.data_ptr<float>(), num_heads, k_cache.size(2), D, out.data_ptr<float>(),
-           num_heads * D, score_form(D, scale, softcap));
+           num_heads * D, score_form(D, scale, softcap), isa);
 }
 
 void register_paged_attention(pybind11::module& m) {
@@ -157,7 +158,10 @@ void register_paged_attention(pybind11::module& m) {
           "paged attention of short queries over the KV cache", py::arg("q"), py::arg("k_cache"),
           py::arg("v_cache"), py::arg("token_index"), py::arg("query_lens"),
           py::arg("context_lens"), py::arg("block_tables"), py::arg("out"), py::arg("window") = 0,
-          py::arg("scale") = 0.0, py::arg("softcap") = 0.0);
-    m.def("attention_query_block", [] { return vec_ops().query_block; },
-          "how many query heads attention takes at once where they share keys (1: one at a time)");
+          py::arg("scale") = 0.0, py::arg("softcap") = 0.0, py::arg("isa") = (int64_t)kAuto);
+    m.def("attention_query_block", [](int64_t isa) { return vec_ops(isa).query_block; },
+          "how many query heads attention takes at once where they share keys (1: one at a time)",
+          py::arg("isa") = (int64_t)kAuto);
+    m.def("float_isa", &float_isa,
+          "the float variant this process runs: 0 generic, 1 AVX2+FMA, 2 AVX-512");
 }

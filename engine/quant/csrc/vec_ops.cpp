@@ -1,7 +1,7 @@
 // The float32 vector kernels of a decoder layer's glue (vec_kernels_impl.h: SiLU, argmax;
 // attention_rows_impl.h and attention_blocks_impl.h: attention of query heads over paged keys and
 // values), compiled once per instruction set, and
-// vec_ops(): the table of the widest variant this CPU runs (isa.cpp decides), which the
+// vec_ops(): the table of the variant this process runs (isa.cpp decides), which the
 // attention, glue and decoder-stack files call through.
 #include <torch/extension.h>
 
@@ -47,8 +47,8 @@ namespace vec_generic {
 #include "attention_blocks_impl.h"
 }
 
-VecOps vec_ops() {
-    const int64_t isa = best_isa();
+VecOps vec_ops(int64_t isa) {
+    isa = resolve_isa(isa);
 #ifdef SPECSERVE_HAVE_X86_VARIANTS
     if (isa == kAvx512)
         return {vec_avx512::attend_heads, vec_avx512::silu_mul_row, vec_avx512::argmax_row,

@@ -10,6 +10,8 @@
 
 #include <torch/extension.h>
 
+#include "isa.h"
+
 // Where key/value p of a paged cache lives: slots[p] is its cache slot (block * block_size +
 // offset, worked out once per request: a division per key and head cost as much as its
 // arithmetic), slots are slot_stride floats apart, and base already points at the wanted KV head.
@@ -46,7 +48,8 @@ struct VecOps {
     int64_t query_block;
 };
 
-VecOps vec_ops();
+// The kernels of variant `isa` (kAuto: the process's, float_isa()).
+VecOps vec_ops(int64_t isa = kAuto);
 inline int64_t attend_scratch_floats(int64_t count, int64_t max_keys, int64_t D) {
     return count * ((max_keys + 7) / 8 * 8 + D + 8);
 }
@@ -91,7 +94,7 @@ AttentionPlan plan_attention(const torch::Tensor& token_index, const torch::Tens
                              int64_t num_cache_blocks, int64_t block_size, int64_t window = 0);
 void attend(const AttentionPlan& plan, const float* q, int64_t q_row_stride, const float* k_cache,
             const float* v_cache, int64_t num_heads, int64_t num_kv_heads, int64_t D, float* out,
-            int64_t out_row_stride, ScoreForm form);
+            int64_t out_row_stride, ScoreForm form, int64_t isa = kAuto);
 // The scores of a head of size D unless the model says otherwise: 1 / sqrt(D), no soft-cap.
 inline ScoreForm score_form(int64_t D, double scale, double softcap) {
     return {scale > 0 ? (float)scale : 1.0f / std::sqrt((float)D), (float)softcap};

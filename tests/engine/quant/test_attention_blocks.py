@@ -1,8 +1,14 @@
-"""Attention's query blocks (attention_blocks_impl.h): where the CPU has 32 vector registers,
-query heads that read the same keys share each key and value load. A query's result must be
-bitwise what it computes alone, the only query of its call, whatever it was blocked with."""
+"""Attention's query blocks (attention_blocks_impl.h): where the variant has 32 vector
+registers (AVX-512), query heads that read the same keys share each key and value load. A
+query's result must be bitwise what it computes alone, the only query of its call, whatever it
+was blocked with; in every float variant this CPU runs (SPECSERVE_FLOAT_ISA picks one for a
+process, the `isa` argument for a call)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,6 +16,7 @@ import torch
 from engine.quant.kernels import cpu_ops_for
 
 NUM_HEADS, NUM_KV_HEADS, BLOCK_SIZE = 9, 3, 16
+VARIANTS = ["generic", "avx2", "avx512"]  # isa.h FloatIsa, in order
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +35,38 @@ def threads(request):
     torch.set_num_threads(previous)
 
 
-def test_queries_are_blocked_where_the_cpu_has_avx512(ops):
-    """The blocked kernels are the ones this machine runs where it has AVX-512, so the tests
-    below check them there; on AVX2 and generic CPUs queries go one at a time."""
-    assert ops.attention_query_block() == (3 if ops.best_isa() == 2 else 1)
+@pytest.fixture(params=range(len(VARIANTS)), ids=VARIANTS)
+def isa(request, ops):
+    if request.param > ops.best_isa():
+        pytest.skip(f"this CPU does not run {VARIANTS[request.param]}")
+    return request.param
+
+
+def test_queries_are_blocked_in_the_avx512_variant(ops, isa):
+    """AVX-512's 32 registers hold three queries' accumulators; AVX2 and generic code takes
+    queries one at a time."""
+    assert ops.attention_query_block(isa) == (3 if isa == 2 else 1)
+
+
+def test_an_environment_variable_picks_a_narrower_variant(ops):
+    """SPECSERVE_FLOAT_ISA runs a variant the CPU has (AVX2 on an AVX-512 machine: what an
+    AVX2-only CPU runs); a name it lacks, or no such name, fails when the kernel loads."""
+    code = ("from engine.quant.kernels import load_kernel; m = load_kernel(); "
+            "print(m.float_isa(), m.attention_query_block())")
+
+    def run(value: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "SPECSERVE_FLOAT_ISA": value})
+
+    for variant in range(ops.best_isa() + 1):
+        forced = run(VARIANTS[variant])
+        assert forced.returncode == 0, forced.stderr
+        assert forced.stdout.split() == [str(variant), "3" if variant == 2 else "1"]
+    if ops.best_isa() < 2:
+        refused = run("avx512")
+        assert refused.returncode != 0 and "not available on this CPU" in refused.stderr
+    wrong = run("avx9000")
+    assert wrong.returncode != 0 and "SPECSERVE_FLOAT_ISA must be" in wrong.stderr
 
 
 def _inputs(query_lens, context_lens, head_dim, seed):
@@ -70,13 +105,13 @@ FORMS = {"plain": {}, "window": {"window": 90}}
 
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("head_dim", [64, 128, 24])
-def test_a_blocked_query_computes_what_it_computes_alone(ops, threads, head_dim, form):
+def test_a_blocked_query_computes_what_it_computes_alone(ops, isa, threads, head_dim, form):
     """A verify step of 16 rows at 500 keys (blocks of rows and of a row's heads, cut into chunks
     for the threads), a decode row, and a prefill-sized chunk; a window that cuts key tiles so
     that blocked queries share only part of a tile. Every query head of every row equals, bit for
     bit, that query computed alone."""
     query_lens, context_lens = [16, 1, 40], [500, 130, 170]
-    options = FORMS[form]
+    options = {**FORMS[form], "isa": isa}
     q, k_cache, v_cache, token_index, block_tables = _inputs(query_lens, context_lens, head_dim,
                                                              seed=head_dim)
     batched = torch.full_like(q, float("nan"))
