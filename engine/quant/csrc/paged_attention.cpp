@@ -135,7 +135,7 @@ void attend(const AttentionPlan& plan, const float* q, int64_t q_row_stride, con
 // q [T, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hk, D] already holding this step's KV.
 // Writes out[token_index[s, r]] for every real row; other rows of out are left untouched.
 // window > 0: sliding-window attention; scale <= 0: 1 / sqrt(D); softcap > 0: soft-capped scores.
-// isa: the float variant to run (tests; kAuto: the process's, isa.h float_isa()).
+// isa: the float variant to run (tests; kAuto: the process's own, as isa.h's float_isa says).
 void paged_attention_small(const torch::Tensor& q, const torch::Tensor& k_cache,
                            const torch::Tensor& v_cache, const torch::Tensor& token_index,
                            const torch::Tensor& query_lens, const torch::Tensor& context_lens,
