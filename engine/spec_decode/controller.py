@@ -37,6 +37,15 @@ PROBE_EVERY = 32
 # percent and lost 5-20% in the server. At batch 1 a row costs a sixth of a step (4.0 ms for 1
 # row), and plans promise far more than this.
 MIN_PLAN_GAIN = 0.05
+# Plans that gave a request likely to accept long drafts (an estimate of at least
+# LONG_PROBE_ACCEPTANCE) fewer than its ceiling, after which one plan gives it the ceiling. The
+# step-cost model learns a row's price only from the steps it sees. Where its start-up row curve
+# came out wrong (measured while this host ran multi-row steps ~1.5x slower: AMD EPYC Zen 4,
+# 2 vCPUs), its fit priced rows 2.6x too dear, planned 4 drafts where 15 paid, and never saw a
+# step long enough to learn otherwise (docs/performance/agentic.md). Drafts that likely are
+# nearly all accepted, so the probe costs little even where rows are dear.
+LONG_PROBE_EVERY = 16
+LONG_PROBE_ACCEPTANCE = 0.9
 # A request planned no draft rests: its drafts are not computed for 1, 2, 4, ... steps (at most
 # this, and at most half the batch's requests), where lookups and planning for 16 requests cost
 # ~2 ms of a ~20 ms step on CPU and made `auto` 0.86-0.93x `none` on traffic it did not draft
@@ -54,6 +63,8 @@ class SpeculationController:
         self.draft_cost = draft_cost
         self.probe_every = PROBE_EVERY  # 0: never probe
         self._plans_without_drafts = 0
+        self.long_probe_every = LONG_PROBE_EVERY  # 0: never
+        self._plans_kept_short = 0
 
     def lookahead(self, request: Request) -> int:
         """KV slots the scheduler reserves for this request's drafts: an upper bound on what
@@ -99,6 +110,7 @@ class SpeculationController:
             rows = len(requests) if num_other_rows is None else num_other_rows
             ks = self._plan_greedy(requests, estimates, max_ks, num_other_units, rows, free)
         ks = self._probe_now_and_then(ks, estimates, max_ks)
+        ks = self._probe_long_now_and_then(requests, ks, estimates, max_ks)
         for request, k in zip(requests, ks):
             if k == 0:
                 request.acceptance.decay()  # drift back towards the prior, to probe later
@@ -142,6 +154,24 @@ class SpeculationController:
         self._plans_without_drafts = 0
         probe = list(ks)
         probe[max(candidates, key=lambda i: estimates[i])] = 1
+        return probe
+
+    def _probe_long_now_and_then(self, requests: Sequence[Request], ks: list[int],
+                                 estimates: Sequence[float], max_ks: Sequence[int]) -> list[int]:
+        """After `long_probe_every` plans that kept a likely request short of its ceiling, one
+        plan gives the likeliest of them the ceiling, so the step-cost fit sees long steps
+        again (see LONG_PROBE_EVERY)."""
+        short = [i for i, (r, k, m, a) in enumerate(zip(requests, ks, max_ks, estimates))
+                 if a >= LONG_PROBE_ACCEPTANCE and k < m and r.grammar is None]
+        if not self.long_probe_every or not short:
+            return ks
+        self._plans_kept_short += 1
+        if self._plans_kept_short < self.long_probe_every:
+            return ks
+        self._plans_kept_short = 0
+        probe = list(ks)
+        likeliest = max(short, key=lambda i: estimates[i])
+        probe[likeliest] = max_ks[likeliest]
         return probe
 
     def _plan_by_depth(self, requests: Sequence[Request], estimates: Sequence[float],

@@ -262,3 +262,26 @@ def test_a_plan_must_promise_more_than_the_pricing_error(monkeypatch):
     cheap = make_controller(fixed=0.010, per_token=0.0003)  # the promise: ~30%
     requests = [trained_request(cheap, str(i), num_accepted=MAX_K - 1) for i in range(16)]
     assert sum(cheap.plan(requests, [MAX_K] * 16, num_other_units=16)) >= 16
+
+
+def _long_probes(every: int, drafts_accepted=(12, 11)) -> list[int]:
+    """32 plans for one request whose drafts are accepted ~92% of the time (or less), where a
+    row costs as much as a step's fixed part: the best plan is 3-4 drafts of its 15."""
+    controller = SpeculationController(15, True, LinearCostModel(1.0, 1.0),
+                                       DraftCost(per_step=False, seconds_per_unit=0.0))
+    controller.long_probe_every = every
+    request = make_request()
+    for _ in range(30):
+        controller.observe_verification(request, *drafts_accepted)
+    return [controller.plan([request], [15], num_other_units=1)[0] for _ in range(32)]
+
+
+def test_a_likely_request_kept_short_gets_its_ceiling_now_and_then():
+    """Every 16th plan that keeps a request likely to accept (>= 0.9) short of its ceiling gives
+    it the ceiling, so a step-cost fit that prices rows too dear sees a long step again.
+    Controls: never with the probes off, never for a request accepted less often."""
+    planned = _long_probes(16)
+    assert [i for i, k in enumerate(planned) if k == 15] == [15, 31]
+    assert all(2 <= k <= 5 for i, k in enumerate(planned) if i not in (15, 31))
+    assert 15 not in _long_probes(0)
+    assert 15 not in _long_probes(16, drafts_accepted=(12, 5))
