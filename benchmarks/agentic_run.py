@@ -47,6 +47,7 @@ class TurnRecord:
 
 # Methods that may draft from the EAGLE head, whose drafts are sampled from its distribution.
 SAMPLES_ITS_DRAFTS = ("auto", "eagle")
+BASELINE_SUFFIX = "-baseline"  # an older tree's server of a method: "auto-baseline"
 RATIOS_OF = ("suffix", "auto")  # the methods whose tokens/s is divided by every other target's
 
 # (target, system prompt, messages, turn) -> (the response body, seconds it took)
@@ -209,12 +210,13 @@ def outputs_identical(records: list[TurnRecord], targets: list[Target]) -> bool:
     ours = {t.label for t in targets if t.ours}
     texts: dict[tuple[int, int], set[str]] = {}
     for record in records:
-        if record.target in ours and not (record.sampled and record.target in SAMPLES_ITS_DRAFTS):
+        method = record.target.removesuffix(BASELINE_SUFFIX)  # an older tree's, the same method
+        if record.target in ours and not (record.sampled and method in SAMPLES_ITS_DRAFTS):
             texts.setdefault((record.episode, record.turn), set()).add(record.text)
     return all(len(variants) == 1 for variants in texts.values())
 
 
-def over_baseline(result: dict, suffix: str = "-baseline") -> dict:
+def over_baseline(result: dict, suffix: str = BASELINE_SUFFIX) -> dict:
     """A workload's result with each method's tokens/s over its baseline's (an older tree's
     server of the same method, labelled `<method>-baseline`) where both were served."""
     for label, cell in list(result.items()):

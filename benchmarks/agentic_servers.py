@@ -21,14 +21,13 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.agentic_run import Target
+from benchmarks.agentic_run import BASELINE_SUFFIX, Target
 
 STARTUP_TIMEOUT_S = 600
 LLAMA_NGRAM_CACHE = "llama-server-ngram-cache"
 LLAMA_PLAIN = "llama-server"
 LLAMA_CONTEXT_PER_SLOT = 2048
 LLAMA_MIN_CONTEXT = 8192
-BASELINE_SUFFIX = "-baseline"  # an older tree's server: "none-baseline"
 
 
 def free_ports(count: int) -> list[int]:

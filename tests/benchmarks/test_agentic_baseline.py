@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.agentic_run import over_baseline
+from benchmarks.agentic_run import Target, TurnRecord, outputs_identical, over_baseline
 from benchmarks.agentic_servers import baseline_env
 
 
@@ -42,3 +42,17 @@ def test_a_baseline_server_imports_the_older_tree(tmp_path):
                      str(tmp_path / "engine" / "__init__.py"), "/tmp/kernels"]
     ours = imported(cwd=Path(__file__).resolve().parents[2])
     assert not ours[0].startswith(str(tmp_path)) and not ours[1].startswith(str(tmp_path))
+
+
+def test_a_baseline_of_a_method_that_samples_its_drafts_is_exempt_on_sampled_turns():
+    """`auto` samples the EAGLE head's drafts, so a seeded turn keeps the law, not the tokens:
+    its sampled turns are not held to the others', and neither are its baseline's. Control: a
+    greedy turn of the baseline that differs is still caught."""
+    targets = [Target("none", "http://a", True), Target("auto-baseline", "http://b", True)]
+
+    def turn(target: str, text: str, sampled: bool) -> TurnRecord:
+        return TurnRecord(target, 0, 0, 5, 1.0, 5, 3, text, sampled)
+
+    assert outputs_identical([turn("none", "a", True), turn("auto-baseline", "b", True)], targets)
+    assert not outputs_identical([turn("none", "a", False), turn("auto-baseline", "b", False)],
+                                 targets)
