@@ -23,8 +23,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -200,13 +198,12 @@ def measure(args) -> dict:
 
 def run_tree(tree: Path, args) -> dict:
     """This script, run as a subprocess with `tree` first on the import path."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--measure-only",
-               "--ops", args.ops, "--max-tokens", str(args.max_tokens),
-               "--batch-sizes", *map(str, args.batch_sizes), "--layouts", *args.layouts]
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    done = subprocess.run(command, cwd=tree, env=env, check=True, capture_output=True,
-                          text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from benchmarks.machine import measure_in_tree  # here: older trees run --measure-only
+
+    return measure_in_tree(Path(__file__).resolve(), tree,
+                           ["--ops", args.ops, "--max-tokens", str(args.max_tokens),
+                            "--batch-sizes", *map(str, args.batch_sizes),
+                            "--layouts", *args.layouts])
 
 
 def median_of(runs: list[dict]) -> dict:

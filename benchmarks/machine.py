@@ -4,8 +4,11 @@ older commit beside this one, for benchmarks that measure both."""
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +32,17 @@ def baseline_tree(ref: str | None) -> Iterator[Path | None]:
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)],
                        check=False, capture_output=True)
+
+
+def measure_in_tree(script: Path, tree: Path, arguments: list[str],
+                    env: dict[str, str] | None = None) -> dict:
+    """`script --measure-only *arguments` run as a subprocess in `tree`, with `tree` first on
+    the import path, its last line of output read as JSON: how a benchmark measures an older
+    tree beside this one (`env`: more variables, such as that tree's own kernel folder)."""
+    command = [sys.executable, str(script), "--measure-only", *arguments]
+    done = subprocess.run(command, cwd=tree, check=True, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tree), **(env or {})})
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def int8_variant() -> str | None:

@@ -18,10 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -74,13 +71,11 @@ def measure(args) -> dict:
 def run_tree(tree: Path, cache_dir: str | None, args) -> dict:
     """This script as a subprocess with `tree` first on the import path (and its own kernel
     build where `cache_dir` is given: one build folder serves one tree's sources)."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--measure-only",
-               "--calls", str(args.calls), "--rounds", str(args.rounds)]
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    if cache_dir:
-        env["SPECSERVE_CACHE_DIR"] = cache_dir
-    done = subprocess.run(command, cwd=tree, env=env, check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from benchmarks.machine import measure_in_tree
+
+    return measure_in_tree(Path(__file__).resolve(), tree,
+                           ["--calls", str(args.calls), "--rounds", str(args.rounds)],
+                           {"SPECSERVE_CACHE_DIR": cache_dir} if cache_dir else None)
 
 
 def medians(runs: list[dict]) -> dict:

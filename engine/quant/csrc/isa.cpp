@@ -11,6 +11,25 @@
 #include <unistd.h>
 #endif
 
+// The variant the environment variable `variable` names among names[0, count), or `best` where
+// it is unset or empty; a name `runs` says this CPU lacks, or no variant's name, is refused.
+static int64_t variant_named_by(const char* variable, const char* const* names, int64_t count,
+                                int64_t best, bool (*runs)(int64_t)) {
+    const char* forced = std::getenv(variable);
+    if (forced == nullptr || *forced == '\0') return best;
+    std::string choices;
+    for (int64_t isa = 0; isa < count; ++isa) {
+        if (std::string(forced) == names[isa]) {
+            TORCH_CHECK(runs(isa), variable, "=", forced, " is not available on this CPU (best: ",
+                        names[best], ")");
+            return isa;
+        }
+        choices += (isa == 0 ? "" : isa + 1 == count ? " or " : ", ") + std::string(names[isa]);
+    }
+    TORCH_CHECK(false, variable, " must be ", choices, ", got ", forced);
+    return best;
+}
+
 int64_t best_isa() {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
@@ -27,19 +46,9 @@ int64_t best_isa() {
 const char* const kFloatIsaNames[] = {"generic", "avx2", "avx512"};
 
 int64_t float_isa() {
-    static const int64_t chosen = []() -> int64_t {
-        const char* forced = std::getenv("SPECSERVE_FLOAT_ISA");
-        if (forced == nullptr || *forced == '\0') return best_isa();
-        for (int64_t isa = kGeneric; isa <= kAvx512; ++isa)
-            if (std::string(forced) == kFloatIsaNames[isa]) {
-                TORCH_CHECK(isa <= best_isa(), "SPECSERVE_FLOAT_ISA=", forced,
-                            " is not available on this CPU (best: ", kFloatIsaNames[best_isa()],
-                            ")");
-                return isa;
-            }
-        TORCH_CHECK(false, "SPECSERVE_FLOAT_ISA must be generic, avx2 or avx512, got ", forced);
-        return kGeneric;
-    }();
+    static const int64_t chosen = variant_named_by(
+        "SPECSERVE_FLOAT_ISA", kFloatIsaNames, kAvx512 + 1, best_isa(),
+        [](int64_t isa) { return isa <= best_isa(); });
     return chosen;
 }
 
@@ -92,20 +101,8 @@ int64_t cpu_int8_isa() {
 }
 
 int64_t int8_isa() {
-    static const int64_t chosen = []() -> int64_t {
-        const char* forced = std::getenv("SPECSERVE_INT8_ISA");
-        if (forced == nullptr || *forced == '\0') return cpu_int8_isa();
-        for (int64_t isa = kIntGeneric; isa <= kIntLast; ++isa)
-            if (std::string(forced) == kInt8IsaNames[isa]) {
-                TORCH_CHECK(cpu_runs_int8(isa), "SPECSERVE_INT8_ISA=", forced,
-                            " is not available on this CPU (best: ",
-                            kInt8IsaNames[cpu_int8_isa()], ")");
-                return isa;
-            }
-        TORCH_CHECK(false, "SPECSERVE_INT8_ISA must be generic, avx2, avx-vnni, avx512-vnni or amx-int8, got ",
-                    forced);
-        return kIntGeneric;
-    }();
+    static const int64_t chosen = variant_named_by("SPECSERVE_INT8_ISA", kInt8IsaNames,
+                                                   kIntLast + 1, cpu_int8_isa(), cpu_runs_int8);
     return chosen;
 }
 

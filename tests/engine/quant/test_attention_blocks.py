@@ -13,26 +13,10 @@ import sys
 import pytest
 import torch
 
-from engine.quant.kernels import cpu_ops_for
+from tests.engine.quant.attention_inputs import attention_inputs
 
 NUM_HEADS, NUM_KV_HEADS, BLOCK_SIZE = 9, 3, 16
 VARIANTS = ["generic", "avx2", "avx512"]  # isa.h FloatIsa, in order
-
-
-@pytest.fixture(scope="module")
-def ops():
-    module = cpu_ops_for(torch.empty(0))
-    if module is None:
-        pytest.skip("the CPU extension is not built")
-    return module
-
-
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(params=range(len(VARIANTS)), ids=VARIANTS)
@@ -69,28 +53,6 @@ def test_an_environment_variable_picks_a_narrower_variant(ops):
     assert wrong.returncode != 0 and "SPECSERVE_FLOAT_ISA must be" in wrong.stderr
 
 
-def _inputs(query_lens, context_lens, head_dim, seed):
-    gen = torch.Generator().manual_seed(seed)
-    tables, used = [], 0
-    for ctx in context_lens:
-        n = -(-ctx // BLOCK_SIZE)
-        tables.append(list(range(used, used + n)))
-        used += n
-    order = torch.randperm(used, generator=gen)  # shuffled blocks
-    tables = [[int(order[b]) for b in table] for table in tables]
-    width = max(len(t) for t in tables)
-    k_cache = torch.randn(used, BLOCK_SIZE, NUM_KV_HEADS, head_dim, generator=gen)
-    v_cache = torch.randn(used, BLOCK_SIZE, NUM_KV_HEADS, head_dim, generator=gen)
-    q = torch.randn(sum(query_lens), NUM_HEADS, head_dim, generator=gen) * 2
-    token_index = torch.zeros(len(query_lens), max(query_lens), dtype=torch.long)
-    start = 0
-    for s, n in enumerate(query_lens):
-        token_index[s, :n] = torch.arange(start, start + n)
-        start += n
-    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
-    return q, k_cache, v_cache, token_index, block_tables
-
-
 def _alone(ops, q_head, k_head, v_head, table, num_keys, **options):
     """One query head over its KV head's first num_keys keys, the only query of its call (one
     head, one KV head: nothing to block it with)."""
@@ -112,8 +74,8 @@ def test_a_blocked_query_computes_what_it_computes_alone(ops, isa, threads, head
     bit, that query computed alone."""
     query_lens, context_lens = [16, 1, 40], [500, 130, 170]
     options = {**FORMS[form], "isa": isa}
-    q, k_cache, v_cache, token_index, block_tables = _inputs(query_lens, context_lens, head_dim,
-                                                             seed=head_dim)
+    q, k_cache, v_cache, token_index, block_tables = attention_inputs(
+        query_lens, context_lens, NUM_HEADS, NUM_KV_HEADS, head_dim, seed=head_dim)
     batched = torch.full_like(q, float("nan"))
     ops.paged_attention_small(q, k_cache, v_cache, token_index, torch.tensor(query_lens),
                               torch.tensor(context_lens), block_tables, batched, **options)

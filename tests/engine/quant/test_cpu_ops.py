@@ -12,14 +12,7 @@ from engine.models import layers
 from engine.models.architecture import LlamaArchitecture
 from engine.quant.kernels import cpu_ops_for, load_kernel
 from engine.sample import sampler
-
-
-@pytest.fixture(scope="module")
-def ops():
-    module = cpu_ops_for(torch.empty(0))
-    if module is None:
-        pytest.skip("the CPU extension is not built")
-    return module
+from tests.engine.quant.attention_inputs import attention_inputs
 
 
 def without_fused_ops(monkeypatch, *modules):
@@ -131,27 +124,6 @@ def test_paged_attention_of_short_queries(ops, monkeypatch, query_lens):
     torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-5)
 
 
-def _attention_inputs(query_lens, context_lens, num_heads, num_kv_heads, head_dim, seed):
-    gen = torch.Generator().manual_seed(seed)
-    block_size = 16
-    num_blocks = sum(-(-c // block_size) for c in context_lens)
-    ids = torch.randperm(num_blocks, generator=gen).tolist()
-    tables, used = [], 0
-    for ctx in context_lens:
-        n = -(-ctx // block_size)
-        tables.append(ids[used:used + n])
-        used += n
-    width = max(len(t) for t in tables)
-    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
-    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
-    q = torch.randn(sum(query_lens), num_heads, head_dim, generator=gen) * 2
-    token_index = torch.zeros(len(query_lens), max(query_lens), dtype=torch.long)
-    start = 0
-    for s, n in enumerate(query_lens):
-        token_index[s, :n] = torch.arange(start, start + n)
-        start += n
-    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
-    return q, k_cache, v_cache, token_index, block_tables
 
 
 def _attention_float64(q, k_cache, v_cache, table, num_keys, window=0, scale=0.0, softcap=0.0):
@@ -175,14 +147,6 @@ SCORE_FORMS = {"plain": {}, "window": {"window": 50},
                "gemma2": {"window": 70, "scale": 0.3, "softcap": 2.0}}
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(previous)
-
-
 @pytest.mark.parametrize("form", list(SCORE_FORMS))
 @pytest.mark.parametrize("head_dim", [64, 128, 24, 20])
 def test_attention_rows_are_bitwise_the_same_alone_and_in_any_batch(ops, head_dim, threads,
@@ -193,7 +157,7 @@ def test_attention_rows_are_bitwise_the_same_alone_and_in_any_batch(ops, head_di
     row equals float64 attention, and bitwise what it gives as the only row of its call."""
     query_lens, context_lens = [5, 1, 3, 40], [301, 77, 9, 70]
     num_heads, num_kv_heads = 9, 3
-    q, k_cache, v_cache, token_index, block_tables = _attention_inputs(
+    q, k_cache, v_cache, token_index, block_tables = attention_inputs(
         query_lens, context_lens, num_heads, num_kv_heads, head_dim, seed=head_dim)
     batched = torch.full_like(q, float("nan"))
     options = SCORE_FORMS[form]
