@@ -108,16 +108,9 @@ static void block_weighted_values(const BlockQuery* block, const PagedRows& valu
 
 static void block_weighted_values_of(int64_t nv, const BlockQuery* block, const PagedRows& values,
                                      int64_t begin, int64_t end, int64_t d) {
-    switch (nv) {
-        case 8: return block_weighted_values<8>(block, values, begin, end, d);
-        case 7: return block_weighted_values<7>(block, values, begin, end, d);
-        case 6: return block_weighted_values<6>(block, values, begin, end, d);
-        case 5: return block_weighted_values<5>(block, values, begin, end, d);
-        case 4: return block_weighted_values<4>(block, values, begin, end, d);
-        case 3: return block_weighted_values<3>(block, values, begin, end, d);
-        case 2: return block_weighted_values<2>(block, values, begin, end, d);
-        default: return block_weighted_values<1>(block, values, begin, end, d);
-    }
+    with_column_count(nv, [&](auto n) {
+        block_weighted_values<decltype(n)::value>(block, values, begin, end, d);
+    });
 }
 
 // The keys of tile [p, p + kKeyTile) that query g sees: [begin, end), empty where begin >= end.

@@ -93,18 +93,27 @@ static void weighted_values(const float* w, const PagedRows& values, int64_t beg
     for (int c = 0; c < NV; ++c) _mm256_storeu_ps(acc_out + 8 * c, acc[c]);
 }
 
+// call(std::integral_constant<int, nv>{}) for nv of 1 to 8 (8 value columns each): the value
+// kernels' register loops are unrolled for each column count, and both pick theirs here.
+template <typename Call>
+static inline void with_column_count(int64_t nv, Call&& call) {
+    switch (nv) {
+        case 8: return call(std::integral_constant<int, 8>{});
+        case 7: return call(std::integral_constant<int, 7>{});
+        case 6: return call(std::integral_constant<int, 6>{});
+        case 5: return call(std::integral_constant<int, 5>{});
+        case 4: return call(std::integral_constant<int, 4>{});
+        case 3: return call(std::integral_constant<int, 3>{});
+        case 2: return call(std::integral_constant<int, 2>{});
+        default: return call(std::integral_constant<int, 1>{});
+    }
+}
+
 static void weighted_values_of(int64_t nv, const float* w, const PagedRows& values, int64_t begin,
                                int64_t end, float* acc) {
-    switch (nv) {
-        case 8: return weighted_values<8>(w, values, begin, end, acc);
-        case 7: return weighted_values<7>(w, values, begin, end, acc);
-        case 6: return weighted_values<6>(w, values, begin, end, acc);
-        case 5: return weighted_values<5>(w, values, begin, end, acc);
-        case 4: return weighted_values<4>(w, values, begin, end, acc);
-        case 3: return weighted_values<3>(w, values, begin, end, acc);
-        case 2: return weighted_values<2>(w, values, begin, end, acc);
-        default: return weighted_values<1>(w, values, begin, end, acc);
-    }
+    with_column_count(nv, [&](auto n) {
+        weighted_values<decltype(n)::value>(w, values, begin, end, acc);
+    });
 }
 #endif
 

@@ -53,8 +53,8 @@ int64_t float_isa() {
 }
 
 int64_t resolve_isa(int64_t isa) {
+    if (isa == kAuto) return float_isa();  // per kernel call: no CPUID query on this path
     const int64_t best = best_isa();
-    if (isa == kAuto) return float_isa();
     TORCH_CHECK(isa >= kGeneric && isa <= best, "instruction set ", isa,
                 " is not available on this CPU (best: ", best, ")");
     return isa;
