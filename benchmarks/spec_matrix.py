@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from benchmarks.machine import device_facts
 from engine import LLM, SamplingParams
 from engine.core.memory import CPU_KV_CACHE_GIB
 from engine.metrics.spec_stats import SpecStats
@@ -43,7 +44,11 @@ METHODS = ("none", "ngram", "suffix", "auto", "eagle", "eagle-head", "layer-skip
 
 def method_options(method: str, draft_folder: Path | None) -> dict:
     """Engine options of a benchmark method; eagle-head is eagle without its n-gram lookup.
-    `eagle@DIR` and `eagle-head@DIR` use the head in DIR instead of the shipped one."""
+    `eagle@DIR` and `eagle-head@DIR` use the head in DIR instead of the shipped one. `METHOD:sync`
+    is the method with overlap off (no quiet steps: engine/spec_decode/quiet_steps.py)."""
+    method, sync, _ = method.partition(":sync")
+    if sync:
+        return {**method_options(method, draft_folder), "async_scheduling": False}
     method, _, head = method.partition("@")
     if head:
         return {**method_options(method, draft_folder), "draft_head": head}
@@ -177,7 +182,8 @@ def weights_label(llm: LLM, model: str | None) -> str:
     if model is not None:
         return model
     native = any(getattr(m, "gguf", None) is not None for m in llm.engine.runner.model.modules())
-    return "native GGUF" if native else "GGUF dequantized to float32"
+    dtype = str(llm.engine.dtype).removeprefix("torch.")
+    return "native GGUF" if native else f"GGUF dequantized to {dtype}"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -194,6 +200,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--matrix-max-tokens", type=int, default=32)
     p.add_argument("--draft-model-layers", type=int, default=6)
+    p.add_argument("--dtype", default="float32",
+                   help="float32 (default) on any device: bfloat16 is not batch-invariant, and "
+                        "the report says whether every method gives none's greedy tokens; "
+                        "auto: the serving default (bfloat16 on CUDA)")
     p.add_argument("--padded-steps", action="store_true",
                    help="decode/verify steps in the padded layout CUDA graphs replay (the GPU "
                         "default; off on CPU otherwise), so the controller prices padded rows")
@@ -203,7 +213,8 @@ def main(argv: list[str] | None = None) -> dict:
     kinds = args.workload.split(",")
     batch1_methods = args.batch1_methods.split(",")
     matrix_methods = args.matrix_methods.split(",") if args.matrix_methods else []
-    unknown = {m.partition("@")[0] for m in batch1_methods + matrix_methods} - set(METHODS)
+    unknown = {m.partition(":sync")[0].partition("@")[0]
+               for m in batch1_methods + matrix_methods} - set(METHODS)
     if unknown:
         raise SystemExit(f"unknown method(s) {sorted(unknown)}; known: {', '.join(METHODS)}")
     folder, model_name = resolve_model_folder(args.model)
@@ -214,10 +225,8 @@ def main(argv: list[str] | None = None) -> dict:
                for kind in kinds}
     layout = {"padded_steps": True} if args.padded_steps else {}
     # kv_cache_memory_gib: the CPU's default; on a GPU, engines side by side must share it.
-    # float32 (the CPU's default) on any device: bfloat16 is not batch-invariant, and the
-    # matrix reports whether every method gives `none`'s greedy tokens.
     llms = {m: LLM(args.model, enable_prefix_caching=False, kv_cache_memory_gib=CPU_KV_CACHE_GIB,
-                   dtype="float32", **layout,
+                   dtype=args.dtype, **layout,
                    **method_options(m, draft_folder))
             for m in dict.fromkeys(["none"] + batch1_methods + matrix_methods)}
     for llm in llms.values():  # warm-up
@@ -226,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
         "benchmark": "spec_matrix",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model": model_name, "weights": weights_label(llms["none"], args.model),
-        "device": str(llms["none"].engine.device),
+        **device_facts(llms["none"].engine.device),
         "padded_layout": llms["none"].engine.static_runner is not None,
         "torch_threads": torch.get_num_threads(), "machine": platform.platform(),
         "load_average": [round(v, 2) for v in os.getloadavg()],

@@ -191,16 +191,6 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
-    def __post_init__(self) -> None:
-        if self.scheduler.async_scheduling and self.speculative.enabled:
-            # asked for by name, it must not be silently off: every speculative step verifies
-            # drafts built from the tokens before it, so none could overlap
-            raise ValueError(
-                "--async-scheduling overlaps plain decode steps only; with --speculative-method "
-                f"{self.speculative.speculative_method} every step verifies drafts and runs "
-                "synchronously: pass --speculative-method none, or leave --async-scheduling to "
-                "its default")
-
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
         """Builds a config from flat keyword arguments named like the CLI flags."""

@@ -38,7 +38,7 @@ from engine.emit import RequestState, build_output, emit
 from engine.outputs import RequestOutput
 from engine.runner import runner_for
 from engine.runner.model_runner import ModelRunner
-from engine.runner.overlap import OverlappedSteps, uses_async_scheduling
+from engine.runner.overlap import OverlappedSteps
 from engine.runner.static_runner import StaticStepRunner, uses_padded_steps
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.factory import build_speculation
@@ -93,6 +93,7 @@ class LLMEngine:
             self.speculation = Speculation(*build_speculation(config.speculative, self))
             if self.proposer.keeps_own_kv:  # its KV may lag the target's: keep every block
                 self.block_manager.window = None
+        self.overlap = OverlappedSteps.for_engine(self)  # refuses before the graphs' capture
         if self.static_runner is not None:  # after speculation: a head may widen the outputs
             self.static_runner.capture_graphs()
         self._states: dict[str, RequestState] = {}
@@ -100,8 +101,6 @@ class LLMEngine:
         self._recorder = StepRecorder(self.scheduler, self.block_manager)
         self._ids = itertools.count()
         self.faults = Faults.from_env()
-        self.overlap = OverlappedSteps(self) if uses_async_scheduling(
-            config.scheduler.async_scheduling, self.device) else None
         logger.info("engine ready: model %s, %s on %s, %d KV blocks of %d tokens, speculation: %s",
                     self.model_name, str(self.dtype).removeprefix("torch."), self.device,
                     self.limits.num_kv_blocks, self.limits.block_size,

@@ -11,7 +11,8 @@ a graph whose previous replay was still running held the host ~0.2-0.4 ms (the `
 of benchmarks/profile_step.py: 0.03 ms a synchronous step, 0.23-0.42 overlapped, both measured
 2026-11-27), so the device idled while the host caught up. With `copies=2` each shape is
 captured twice and consecutive replays take turns, so no replay waits on its own previous
-launch (not yet run on a GPU: see docs/gpu.md).
+launch (not yet run on a GPU: see docs/gpu.md). Only shapes that overlapped steps take
+(`copied`: decode steps) get the second copy; a speculative engine's verify steps never overlap.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ class StepGraphs(Generic[Shape]):
     capture failed: a forward may do more inside a graph, where extra work costs no launches."""
 
     def __init__(self, forward: Callable[[Shape], tuple], device: torch.device, enabled: bool,
-                 copies: int = 1):
+                 copies: int = 1, copied: Callable[[Shape], bool] = lambda shape: True):
         self.forward, self.device = forward, device
         self.enabled = enabled and device.type == "cuda"
-        self.copies = copies
+        self.copies, self.copied = copies, copied  # `copies` of each shape `copied` accepts
         # per shape, its copies: (graph, outputs) each, replayed in turn
         self.graphs: dict[Shape, list[tuple[torch.cuda.CUDAGraph, tuple]]] = {}
         self._turn = 0
@@ -83,7 +84,7 @@ class StepGraphs(Generic[Shape]):
                 self.forward(shape, graphed=True)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             copies = []
-            for _ in range(self.copies):
+            for _ in range(self.copies if self.copied(shape) else 1):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool):
                     outputs = self.forward(shape, graphed=True)

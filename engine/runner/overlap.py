@@ -19,11 +19,12 @@ Its KV writes land in blocks the request just freed; any later step that reuses 
 runs after it on the device's stream.
 
 Which steps overlap: plain decode steps, where a token's value is not needed to build the next
-step. Speculation (drafts are built from the tokens), grammars (the next mask follows the
+step. Speculative steps (drafts are built from the tokens), grammars (the next mask follows the
 token), penalties and logit bias (computed from the tokens), admissions (prefill) and steps that
-could preempt fall back to a synchronous step after the step in flight lands. Seeded sampling
-is the same as without overlap: each row's generator is keyed by the output position it samples,
-and placeholders keep that position.
+could preempt fall back to a synchronous step after the step in flight lands. A speculative
+engine whose drafts are not paying takes runs of quiet steps, plain decode steps that overlap
+(engine/spec_decode/quiet_steps.py). Seeded sampling is the same as without overlap: each
+row's generator is keyed by the output position it samples, and placeholders keep that position.
 """
 
 from __future__ import annotations
@@ -72,6 +73,24 @@ class OverlappedSteps:
         self.in_flight: InFlight | None = None
         self.num_overlapped = 0  # steps launched before the previous one landed, since start
 
+    @classmethod
+    def for_engine(cls, engine) -> OverlappedSteps | None:
+        """The engine's overlapped steps, or None where they are off: `--async-scheduling` as
+        set (by default on CUDA), and with speculation only where its proposer can sit steps
+        out (quiet_steps.py). Asked for by name where it cannot, it is refused, not silently off."""
+        setting = engine.config.scheduler.async_scheduling
+        if not uses_async_scheduling(setting, engine.device):
+            return None
+        if engine.speculation is not None and engine.speculation.quiet is None:
+            if setting:
+                raise ValueError(
+                    "--async-scheduling overlaps decode steps that draft nothing, which "
+                    f"--speculative-method {engine.proposer.name} cannot sit out (its draft model "
+                    "or head must see every step): pass --speculative-method ngram, suffix or "
+                    "none, or leave --async-scheduling to its default")
+            return None
+        return cls(engine)
+
     def step(self) -> list[RequestOutput] | None:
         """One overlapped step: launches the next step, then lands the one in flight and returns
         its outputs. None where the next step cannot overlap and nothing is in flight: the
@@ -80,6 +99,8 @@ class OverlappedSteps:
         if not self._applies():
             return None if previous is None else self._land(previous)
         engine = self.engine
+        if engine.speculation is not None:
+            engine.speculation.quiet.take()
         engine._recorder.start()
         plan = engine.scheduler.schedule(None)
         runner = runner_for(plan.scheduled, engine.runner, engine.static_runner)
@@ -116,11 +137,14 @@ class OverlappedSteps:
 
     def _applies(self) -> bool:
         """Whether the next step can be built without the tokens in flight: every running
-        request decodes plainly, none is at its length limit, nobody waits to be admitted, and
-        the free blocks hold every request's next token (so scheduling cannot preempt)."""
+        request decodes plainly (with speculation, in a quiet run), none is at its length
+        limit, nobody waits to be admitted, and the free blocks hold every request's next token
+        (so scheduling cannot preempt)."""
         engine = self.engine
         scheduler, blocks = engine.scheduler, engine.block_manager
-        if engine.speculation is not None or scheduler.waiting or not scheduler.running:
+        if scheduler.waiting or not scheduler.running:
+            return False
+        if engine.speculation is not None and not engine.speculation.quiet_step_ready():
             return False
         if len(scheduler.running) > engine.config.scheduler.max_num_batched_tokens:
             return False

@@ -99,10 +99,10 @@ class StaticStepRunner:
                    max_query_len=1 + (spec.num_speculative_tokens if spec.enabled else 0),
                    max_model_len=limits.max_model_len, device=device,
                    use_graphs=not config.model.enforce_eager,
-                   # overlapped steps (speculation's never overlap) replay while the
-                   # previous replay runs (cuda_graphs.py)
+                   # overlapped steps replay while the previous replay runs (cuda_graphs.py);
+                   # only decode steps overlap (a speculative engine's quiet steps too)
                    graph_copies=2 if uses_async_scheduling(config.scheduler.async_scheduling,
-                                                           device) and not spec.enabled else 1,
+                                                           device) else 1,
                    # The Triton kernel walks each request's own blocks: the table's width costs
                    # nothing there, so one width serves every step (fewer shapes, fewer graphs).
                    full_width_tables=attention_backend == "triton")
@@ -139,7 +139,8 @@ class StaticStepRunner:
         self.fed_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self._rows = torch.arange(max_tokens, device=device)
         self._staged = StagedCopy(device)
-        self.graphs = StepGraphs(self._forward, device, use_graphs, graph_copies)
+        self.graphs = StepGraphs(self._forward, device, use_graphs, graph_copies,
+                                 copied=lambda shape: shape.query_len == 1)
 
     def graph_shapes(self) -> list[StepShape]:
         """Every shape `prepare` can produce: batch buckets x query lengths x table widths,

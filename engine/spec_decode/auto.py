@@ -45,6 +45,7 @@ class AutoProposer(Proposer):
         self.suffix, self.ngram, self.head = suffix, ngram, head
         self.step_cost, self.head_cost = step_cost, head_cost
         self.keeps_own_kv = head is not None  # the head's KV, at the target's positions
+        self.sits_out_steps = head is None  # the head reads the target's every step
         self._chosen: dict[str, tuple[str, list[int]]] = {}  # request id -> (source, lookup draft)
 
     @property

@@ -27,6 +27,10 @@ class Proposer(ABC):
     # Whether it keeps KV of its own at the requests' block tables (a draft model, a draft
     # head): then no block is released behind a sliding window, since its KV may lag.
     keeps_own_kv: bool = False
+    # Whether its drafts follow from the request's tokens alone, with nothing of its own (KV,
+    # the target's features) that must see every step: then steps it drafts nothing for may
+    # run quiet and overlap (quiet_steps.py). A draft model or head must see every token.
+    sits_out_steps: bool = False
 
     @abstractmethod
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Proposal:

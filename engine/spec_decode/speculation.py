@@ -14,12 +14,19 @@ from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.grammar.drafts import constrain_drafts, interleave_drafts
 from engine.spec_decode.controller import SpeculationController
 from engine.spec_decode.proposer import Proposal, Proposer
+from engine.spec_decode.quiet_steps import QuietSteps
 from engine.spec_decode.step_cost import step_keys
 
 
 class Speculation:
     def __init__(self, proposer: Proposer, controller: SpeculationController):
         self.proposer, self.controller = proposer, controller
+        # runs of plain decode steps that overlap where drafts do not pay (quiet_steps.py)
+        self.quiet = QuietSteps() if proposer.sits_out_steps else None
+
+    def quiet_step_ready(self) -> bool:
+        """Whether the next decode step may run as `none`'s does, overlapped."""
+        return self.quiet is not None and self.quiet.ready
 
     def propose(self, plan: SchedulerOutput,
                 padded_tokens: Callable[[int], int] | None) -> dict[str, torch.Tensor]:
@@ -105,6 +112,7 @@ class Speculation:
             self.controller.observe_step(num_rows, *step_keys(
                 [s.request.num_computed_tokens for s in scheduled],
                 [s.num_new_tokens + len(s.request.draft_token_ids) for s in scheduled]), seconds)
+        accepted_any = False
         for s, tokens in zip(scheduled, emitted):
             request: Request = s.request
             # Forced drafts say nothing of the proposer's acceptance; a rejection is always of
@@ -112,9 +120,11 @@ class Speculation:
             num_guessed = len(request.draft_token_ids) - sum(request.forced_drafts)
             if num_guessed and tokens:
                 num_accepted = len(tokens) - 1
-                self.controller.observe_verification(
-                    request, num_guessed,
-                    num_accepted - sum(request.forced_drafts[:num_accepted]))
+                num_accepted -= sum(request.forced_drafts[:num_accepted])
+                self.controller.observe_verification(request, num_guessed, num_accepted)
+                accepted_any = accepted_any or num_accepted > 0
+        if self.quiet is not None and any(s.num_new_tokens == 1 for s in scheduled):
+            self.quiet.observe(accepted_any)
 
     def _decode_units(self, decode_rows: Sequence[ScheduledRequest]) -> float:
         """What a step's decode rows cost in the step-cost model's row units: each request's

@@ -78,6 +78,7 @@ def chain_prior(request: Request, chain: Draft | None) -> float | None:
 class SuffixProposer(Proposer):
     name = "suffix"
     continues_drafts = True
+    sits_out_steps = True
 
     def __init__(self, settings: SuffixSettings, cache: GlobalSuffixCache):
         self.settings = settings

@@ -108,16 +108,6 @@ def test_a_request_arriving_mid_stream_lands_between_overlapped_steps(tiny_chat_
     assert _all_blocks_free(overlapped)
 
 
-def test_overlap_asked_for_with_speculation_is_refused_not_ignored():
-    from engine.config import EngineConfig
-
-    with pytest.raises(ValueError, match="--async-scheduling overlaps plain decode steps only"):
-        EngineConfig.from_kwargs(async_scheduling=True, speculative_method="ngram")
-    # its default (None: on for CUDA) with speculation, and on without it, are fine
-    EngineConfig.from_kwargs(speculative_method="ngram")
-    EngineConfig.from_kwargs(async_scheduling=True, speculative_method="none")
-
-
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_nan_logits_in_an_overlapped_step_fail_that_request_alone(tiny_chat_model_folder, padded,

@@ -105,6 +105,16 @@ def test_adaptive_speculation_is_lossless(plain_outputs):
     assert [o.token_ids for o in batched] == plain_outputs
 
 
+def test_quiet_steps_keep_speculating_where_drafts_pay(plain_outputs):
+    """Overlap on, as on CUDA: drafts that are accepted keep steps synchronous and drafting
+    (engine/spec_decode/quiet_steps.py), and the outputs stay `none`'s."""
+    llm = make_llm(speculative_method="ngram", async_scheduling=True)
+    one_at_a_time = [llm.generate(p, GREEDY)[0] for p in PROMPTS]
+    assert [o.token_ids for o in one_at_a_time] == plain_outputs
+    assert sum(o.spec_stats.num_accepted_tokens for o in one_at_a_time) > 0
+    assert llm.engine.speculation.quiet.num_taken > 0  # and where they were not, it went quiet
+
+
 def test_draft_equal_to_target_is_always_accepted(tiny_chat_model_folder):
     llm = make_llm(str(tiny_chat_model_folder), speculative_method="draft",
                    draft_model=str(tiny_chat_model_folder), adaptive=False,
