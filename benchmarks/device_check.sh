@@ -136,24 +136,25 @@ overlap_check() {
     grep -h -E "^(FAILED|ERROR)" "$OUT"/overlap.log "$OUT"/engine.log | cut -c1-220 | head -20
 }
 
-# Quiet steps (engine/spec_decode/quiet_steps.py): speculative engines overlap the steps they
-# draft nothing for. The batch-1 profile per method with overlap on and off, the methods side by
-# side in bfloat16 with each speculative method's synchronous self (`:sync`) beside it, at batch
-# 1 and at 16 and 64 concurrent, then the GPU tests of overlap and lossless speculation. About 6
-# minutes on an H100.
+# Quiet steps (engine/spec_decode/quiet_steps.py): speculative engines, with --async-scheduling,
+# overlap the steps they draft nothing for. The batch-1 profile per method with overlap on and
+# off, the methods side by side in bfloat16 with each speculative method's quiet self
+# (`:overlap`) beside it, at batch 1 and at 16 and 64 concurrent, then the GPU tests of overlap
+# and lossless speculation. About 6 minutes on an H100 (run on 2026-11-28 with quiet runs that
+# started after rejected drafts too; the rule now waits for steps without drafts).
 quiet_check() {
     local log="$OUT/profile.log" gpu
     gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
     timeout 100 python3 -m benchmarks.profile_step --methods none,ngram,suffix --steps 64 \
-        --output "$OUT/profile_step_${gpu}.json" >>"$log" 2>&1
+        --async-scheduling on --output "$OUT/profile_step_${gpu}.json" >>"$log" 2>&1
     echo "== profile_step rc $?"
     timeout 60 python3 -m benchmarks.profile_step --methods none,ngram --async-scheduling off \
         --output "$OUT/profile_step_no_overlap_${gpu}.json" >>"$log" 2>&1
     echo "== profile_step without overlap rc $?"
     timeout 150 python3 -m benchmarks.spec_matrix --dtype auto --workload code,chat,copy \
         --num-prompts 2 --max-tokens 128 --temperatures 0 \
-        --batch1-methods none,ngram,ngram:sync,suffix,suffix:sync \
-        --matrix-methods none,ngram,ngram:sync --concurrency 16,64 \
+        --batch1-methods none,ngram,ngram:overlap,suffix,suffix:overlap \
+        --matrix-methods none,ngram,ngram:overlap --concurrency 16,64 \
         --output "$OUT/spec_matrix_${gpu}.json" >>"$log" 2>&1
     echo "== spec_matrix rc $?"
     grep -E "Error|Traceback" "$log" | head -10

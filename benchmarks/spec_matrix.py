@@ -44,11 +44,12 @@ METHODS = ("none", "ngram", "suffix", "auto", "eagle", "eagle-head", "layer-skip
 
 def method_options(method: str, draft_folder: Path | None) -> dict:
     """Engine options of a benchmark method; eagle-head is eagle without its n-gram lookup.
-    `eagle@DIR` and `eagle-head@DIR` use the head in DIR instead of the shipped one. `METHOD:sync`
-    is the method with overlap off (no quiet steps: engine/spec_decode/quiet_steps.py)."""
-    method, sync, _ = method.partition(":sync")
-    if sync:
-        return {**method_options(method, draft_folder), "async_scheduling": False}
+    `eagle@DIR` and `eagle-head@DIR` use the head in DIR instead of the shipped one.
+    `METHOD:overlap` is the method with `--async-scheduling` (quiet steps:
+    engine/spec_decode/quiet_steps.py)."""
+    method, overlap, _ = method.partition(":overlap")
+    if overlap:
+        return {**method_options(method, draft_folder), "async_scheduling": True}
     method, _, head = method.partition("@")
     if head:
         return {**method_options(method, draft_folder), "draft_head": head}
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
     kinds = args.workload.split(",")
     batch1_methods = args.batch1_methods.split(",")
     matrix_methods = args.matrix_methods.split(",") if args.matrix_methods else []
-    unknown = {m.partition(":sync")[0].partition("@")[0]
+    unknown = {m.partition(":overlap")[0].partition("@")[0]
                for m in batch1_methods + matrix_methods} - set(METHODS)
     if unknown:
         raise SystemExit(f"unknown method(s) {sorted(unknown)}; known: {', '.join(METHODS)}")
@@ -229,8 +230,13 @@ def main(argv: list[str] | None = None) -> dict:
                    dtype=args.dtype, **layout,
                    **method_options(m, draft_folder))
             for m in dict.fromkeys(["none"] + batch1_methods + matrix_methods)}
-    for llm in llms.values():  # warm-up
-        llm.generate(prompts[kinds[0]][0], SamplingParams(max_tokens=16, temperature=0))
+    # Warm-up: every engine on every workload, long enough to verify drafts. On a GPU a kernel
+    # or GEMM shape first used inside a timed run (verify rows' LM head, the sampler's) cost
+    # whichever method met it first (docs/gpu.md, 2026-11-28).
+    for llm in llms.values():
+        for kind in kinds:
+            llm.generate(prompts[kind][0], SamplingParams(max_tokens=min(64, args.max_tokens),
+                                                          temperature=0))
     report = {
         "benchmark": "spec_matrix",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

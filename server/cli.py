@@ -98,7 +98,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "activations and KV cache (default: %(default)s)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="overlap: launch the next decode step before reading this one's tokens "
-                        "(plain decode steps; default: on for CUDA, off on CPU)")
+                        "(plain decode steps, and with ngram or suffix the steps after ones "
+                        "without drafts; default: on for CUDA without speculation, off on CPU)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: decode and verify steps launch their kernels one by one")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],

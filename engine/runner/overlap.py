@@ -61,10 +61,15 @@ class InFlight:
     read: PendingRead  # the same tokens, then each logits row's NaN flag, on their way to the host
 
 
-def uses_async_scheduling(setting: bool | None, device: torch.device) -> bool:
-    """`--async-scheduling` as set; by default on CUDA only (on a CPU the host computes the
-    forward itself, so there is nothing to overlap)."""
-    return device.type == "cuda" if setting is None else setting
+def uses_async_scheduling(setting: bool | None, device: torch.device,
+                          speculative: bool = False) -> bool:
+    """`--async-scheduling` as set; by default on CUDA without speculation (on a CPU the host
+    computes the forward itself, so there is nothing to overlap). A speculative engine's quiet
+    steps (quiet_steps.py) are asked for by name: on an H100 they gained on chat and lost on
+    copy (docs/gpu.md, 2026-11-28)."""
+    if setting is None:
+        return device.type == "cuda" and not speculative
+    return setting
 
 
 class OverlappedSteps:
@@ -75,20 +80,19 @@ class OverlappedSteps:
 
     @classmethod
     def for_engine(cls, engine) -> OverlappedSteps | None:
-        """The engine's overlapped steps, or None where they are off: `--async-scheduling` as
-        set (by default on CUDA), and with speculation only where its proposer can sit steps
-        out (quiet_steps.py). Asked for by name where it cannot, it is refused, not silently off."""
-        setting = engine.config.scheduler.async_scheduling
-        if not uses_async_scheduling(setting, engine.device):
+        """The engine's overlapped steps, or None where they are off (uses_async_scheduling).
+        Asked for with a proposer that cannot sit steps out (quiet_steps.py), it is refused,
+        not silently off."""
+        speculation = engine.speculation
+        if not uses_async_scheduling(engine.config.scheduler.async_scheduling, engine.device,
+                                     speculative=speculation is not None):
             return None
-        if engine.speculation is not None and engine.speculation.quiet is None:
-            if setting:
-                raise ValueError(
-                    "--async-scheduling overlaps decode steps that draft nothing, which "
-                    f"--speculative-method {engine.proposer.name} cannot sit out (its draft model "
-                    "or head must see every step): pass --speculative-method ngram, suffix or "
-                    "none, or leave --async-scheduling to its default")
-            return None
+        if speculation is not None and speculation.quiet is None:
+            raise ValueError(
+                "--async-scheduling overlaps decode steps that draft nothing, which "
+                f"--speculative-method {engine.proposer.name} cannot sit out (its draft model or "
+                "head must see every step): pass --speculative-method ngram, suffix or none, or "
+                "leave --async-scheduling to its default")
         return cls(engine)
 
     def step(self) -> list[RequestOutput] | None:

@@ -102,7 +102,7 @@ class StaticStepRunner:
                    # overlapped steps replay while the previous replay runs (cuda_graphs.py);
                    # only decode steps overlap (a speculative engine's quiet steps too)
                    graph_copies=2 if uses_async_scheduling(config.scheduler.async_scheduling,
-                                                           device) else 1,
+                                                           device, spec.enabled) else 1,
                    # The Triton kernel walks each request's own blocks: the table's width costs
                    # nothing there, so one width serves every step (fewer shapes, fewer graphs).
                    full_width_tables=attention_backend == "triton")

@@ -112,7 +112,7 @@ class Speculation:
             self.controller.observe_step(num_rows, *step_keys(
                 [s.request.num_computed_tokens for s in scheduled],
                 [s.num_new_tokens + len(s.request.draft_token_ids) for s in scheduled]), seconds)
-        accepted_any = False
+        drafted_any = False
         for s, tokens in zip(scheduled, emitted):
             request: Request = s.request
             # Forced drafts say nothing of the proposer's acceptance; a rejection is always of
@@ -122,9 +122,9 @@ class Speculation:
                 num_accepted = len(tokens) - 1
                 num_accepted -= sum(request.forced_drafts[:num_accepted])
                 self.controller.observe_verification(request, num_guessed, num_accepted)
-                accepted_any = accepted_any or num_accepted > 0
+                drafted_any = True
         if self.quiet is not None and any(s.num_new_tokens == 1 for s in scheduled):
-            self.quiet.observe(accepted_any)
+            self.quiet.observe(drafted_any)
 
     def _decode_units(self, decode_rows: Sequence[ScheduledRequest]) -> float:
         """What a step's decode rows cost in the step-cost model's row units: each request's

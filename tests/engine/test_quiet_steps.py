@@ -4,29 +4,31 @@ runs plain decode steps that overlap, and its outputs stay `none`'s."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import SamplingParams
+from engine.runner.overlap import uses_async_scheduling
 from engine.spec_decode.quiet_steps import QuietSteps
 from tests.conftest import make_llm
 from tests.engine.test_overlap import PROMPTS, _all_blocks_free, _summary
 
 
-def test_a_quiet_run_doubles_with_each_quiet_step_and_ends_at_an_accepted_draft():
+def test_a_quiet_run_doubles_with_each_step_without_drafts_and_ends_at_one_with_drafts():
     quiet = QuietSteps(max_run=4)
     runs = []
     for _ in range(5):
-        quiet.observe(accepted_any=False)
+        quiet.observe(drafted_any=False)
         runs.append(quiet.left)
     assert runs == [1, 2, 4, 4, 4]
     assert quiet.ready
     quiet.take()
     assert quiet.left == 3 and quiet.num_taken == 1
-    quiet.observe(accepted_any=True)  # a draft paid: every step looks for drafts again
+    quiet.observe(drafted_any=True)  # drafts went out: every step looks for drafts again
     assert not quiet.ready and quiet.streak == 0
-    quiet.observe(accepted_any=False)
+    quiet.observe(drafted_any=False)
     assert quiet.left == 1  # and a new run starts from one
     off = QuietSteps(max_run=0)
-    off.observe(accepted_any=False)
+    off.observe(drafted_any=False)
     assert not off.ready
 
 
@@ -71,12 +73,20 @@ def test_with_no_quiet_runs_a_speculative_engine_never_overlaps(tiny_chat_model_
     assert llm.engine.overlap.num_overlapped == 0
 
 
+def test_overlap_is_on_by_default_on_cuda_only_without_speculation():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert uses_async_scheduling(None, cuda) and not uses_async_scheduling(None, cpu)
+    assert not uses_async_scheduling(None, cuda, speculative=True)  # quiet steps: by name
+    assert uses_async_scheduling(True, cpu, speculative=True)
+    assert not uses_async_scheduling(False, cuda)
+
+
 def test_overlap_asked_for_where_the_proposer_cannot_sit_out_is_refused(tiny_chat_model_folder):
     folder = str(tiny_chat_model_folder)
     with pytest.raises(ValueError, match="layer-skip cannot sit out"):
         make_llm(folder, speculative_method="layer-skip", draft_layer_ids=(0,),
                  async_scheduling=True)
-    # by default (None: on for CUDA) it is off for such a proposer, and on for one that can
+    # left to its default it is off; asked for with a proposer that can sit out, it is on
     assert make_llm(folder, speculative_method="layer-skip", draft_layer_ids=(0,),
                     async_scheduling=None).engine.overlap is None
     assert make_llm(folder, speculative_method="ngram",
