@@ -56,6 +56,19 @@ def int8_variant() -> str | None:
         return f"unknown ({error})"
 
 
+def float_variant() -> str | None:
+    """The float kernel variant (attention, SiLU, argmax) our CPU servers ran: set by
+    SPECSERVE_FLOAT_ISA, else the best this CPU has."""
+    try:
+        from engine.quant.kernels import load_kernel
+
+        kernel = load_kernel()
+        return ("generic", "avx2", "avx512")[kernel.float_isa()] if kernel is not None else \
+            "pure-torch reference"
+    except (ImportError, RuntimeError, ValueError) as error:
+        return f"unknown ({error})"
+
+
 def our_versions() -> dict:
     versions = {"python": platform.python_version()}
     for module in ("torch", "transformers"):

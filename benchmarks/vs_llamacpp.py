@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from benchmarks.machine import cpu_model, int8_variant, our_versions
+from benchmarks.machine import cpu_model, float_variant, int8_variant, our_versions
 
 REFERENCE = "llama-server"  # the label the ratios divide by: llama.cpp's own C++ server
 
@@ -220,6 +220,7 @@ def finish(args: argparse.Namespace) -> None:
                      "llama-server": _llama_server_info(args.llama_server),
                      "specserve": our_versions()},
         "specserve_int8_kernel_variant": int8_variant(),
+        "specserve_float_kernel_variant": float_variant(),
         "llamacpp_parallel_requests": False,
         "llamacpp_scheduling": LLAMACPP_SCHEDULING,
         "llamacpp_token_count": LLAMACPP_TOKEN_COUNT,
@@ -234,7 +235,8 @@ def finish(args: argparse.Namespace) -> None:
     serve_path.write_text(json.dumps(annotate(report, extra), indent=2) + "\n")
     print("\n".join(summary_lines(report, offline)))
     print(f"\nllama.cpp: {extra['versions']['llama.cpp']}, {extra['versions']['llama-server']}")
-    print(f"specserve integer kernels: {extra['specserve_int8_kernel_variant']}")
+    print(f"specserve integer kernels: {extra['specserve_int8_kernel_variant']}, float kernels: "
+          f"{extra['specserve_float_kernel_variant']}")
     print(f"reports: {serve_path}" + (f", {args.offline}" if args.offline else ""))
 
 
