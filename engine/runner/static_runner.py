@@ -38,6 +38,12 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # extreme settings reach (hundreds of sequences, long contexts and deep drafts at once), are
 # captured when a step first needs them.
 MAX_STARTUP_GRAPHS = 512
+# Verify steps of at most this many padded rows run the LM head inside their graph, as decode
+# steps do: on an H100 the head outside a graph cost a speculative step 0.13-0.20 ms of host
+# launches (docs/gpu.md). Each such graph keeps its [rows, vocab] float32 logits (12.6 MB at 64
+# rows of a 49,152-token vocabulary); wider verify steps keep the head outside, on the wanted
+# rows only.
+MAX_VERIFY_ROWS_WITH_HEAD = 64
 
 
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
@@ -220,7 +226,7 @@ class StaticStepRunner:
         `capture_features` are ignored: a graph computes every row's logits, and keeps the
         feature layers it was captured with."""
         hidden, logits = self.graphs.run(step.shape)
-        step.argmax_in_graph = logits is not None
+        step.argmax_in_graph = logits is not None and step.shape.query_len == 1
         if logits is None:
             # Outside a graph the LM head runs on the wanted rows only: padding rows and drafts
             # past a request's own cost no head matmul (on a CPU, ~0.5 ms a row).
@@ -247,9 +253,11 @@ class StaticStepRunner:
 
     def _forward(self, shape: StepShape, graphed: bool
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(hidden [num_seqs * query_len, hidden], and for a decode step in a graph its logits
-        [num_seqs, vocab] float32, their argmax written to `sampled`): there the LM head and
-        the greedy choice run inside the graph, which saves their host launches every step."""
+        """(hidden [num_seqs * query_len, hidden], and in a graph every row's logits
+        [num_seqs * query_len, vocab] float32, for a decode step with their argmax written to
+        `sampled`): there the LM head (and a decode step's greedy choice) run inside the graph,
+        which saves their host launches every step. A verify step wider than
+        MAX_VERIFY_ROWS_WITH_HEAD leaves the head out."""
         n_tok = shape.num_seqs * shape.query_len
         rows = self._rows[:n_tok]
         meta = AttentionMetadata(
@@ -267,8 +275,10 @@ class StaticStepRunner:
         ids = torch.index_select(self._token_sources, 0, self.feed_index[:n_tok],
                                  out=self.fed_ids[:n_tok])
         hidden = self.model.hidden_states(ids, self.positions[:n_tok], self.kv_cache, meta)
-        if shape.query_len != 1 or not graphed:
+        decode = shape.query_len == 1
+        if not graphed or (not decode and n_tok > MAX_VERIFY_ROWS_WITH_HEAD):
             return hidden, None
         logits = self.model.logits(hidden, rows)
-        self.sampled[:n_tok].copy_(argmax_rows(logits))
+        if decode:
+            self.sampled[:n_tok].copy_(argmax_rows(logits))
         return hidden, logits

@@ -15,11 +15,14 @@ def zero_nan_rows(logits: torch.Tensor) -> RowFlags:
     """Zeroes the logits rows holding a NaN, on the device, so that the batch's sampling sees
     finite numbers, and flags them (1) for the step's one read (verifier.RowFlags)."""
     # A row's max is NaN where any of its logits is: one read of the logits and no [rows, vocab]
-    # mask (isnan().any() cost 0.7 ms of a 16-row CPU step, this 50 us). The fill stays
-    # unconditional: asking whether any row is NaN would wait for a GPU.
+    # mask (isnan().any() cost 0.7 ms of a 16-row CPU step, this 50 us). On a GPU the fill is
+    # unconditional: asking whether any row is NaN would wait for the device. On a CPU the
+    # answer is at hand, and the fill writes nothing where no row is NaN but still reads all
+    # of them: 1.4 ms at 64 rows of a 49,152-token vocabulary (AMD EPYC Zen 4, 2 threads).
     nan_rows = torch.isnan(logits.amax(dim=-1))  # [num_rows]
-    with torch.inference_mode():
-        logits.masked_fill_(nan_rows[:, None], 0.0)
+    if logits.device.type != "cpu" or bool(nan_rows.any()):
+        with torch.inference_mode():
+            logits.masked_fill_(nan_rows[:, None], 0.0)
     return RowFlags(nan_rows.long())
 
 
