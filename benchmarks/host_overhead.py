@@ -13,6 +13,7 @@ measures an older tree: `--baseline REF` checks REF out into a temporary git wor
 this script there as a subprocess, the two trees taking turns `--repeats` times. Prints JSON.
 
     python -m benchmarks.host_overhead [--baseline d25ca0b] [--batch-sizes 1 16 64]
+        [--method ngram]
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ PHASES = {  # phase -> (owner path, attribute) wrapped with a timer
     "sample_step": ("engine_module", "verify_step"),
     "update": ("engine.scheduler", "update_from_output"),
     "emit": ("engine", "_emit"),
+    # with --method ngram: the drafts' planning and lookup, and what the step taught them
+    "propose": ("engine.speculation", "propose"),
+    "observe": ("engine.speculation", "observe"),
 }
 VIEW_OPS = {"view", "_unsafe_view", "transpose", "t", "expand", "unsqueeze", "squeeze", "split",
             "split_with_sizes", "slice", "select", "as_strided", "detach", "alias", "permute",
@@ -170,7 +174,7 @@ def measure(args) -> dict:
     results = {}
     for layout in args.layouts:
         llm = LLM(folder, dtype="float32", padded_steps=layout == "padded",
-                  speculative_method="none", enable_prefix_caching=False,
+                  speculative_method=args.method, enable_prefix_caching=False,
                   max_num_seqs=max(args.batch_sizes), kv_cache_memory_gib=KV_CACHE_GIB)
         per_layer = ops_per_layer(folder) if layout == "padded" else None
         timer = PhaseTimer(llm)
@@ -200,10 +204,11 @@ def run_tree(tree: Path, args) -> dict:
     """This script, run as a subprocess with `tree` first on the import path."""
     from benchmarks.machine import measure_in_tree  # here: older trees run --measure-only
 
+    method = ["--method", args.method] if args.method != "none" else []  # older trees: none
     return measure_in_tree(Path(__file__).resolve(), tree,
                            ["--ops", args.ops, "--max-tokens", str(args.max_tokens),
                             "--batch-sizes", *map(str, args.batch_sizes),
-                            "--layouts", *args.layouts])
+                            "--layouts", *args.layouts, *method])
 
 
 def median_of(runs: list[dict]) -> dict:
@@ -228,6 +233,8 @@ def main() -> None:
                         choices=["padded", "flat"])
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--ops", default="torch", choices=["torch", "fused"])
+    parser.add_argument("--method", default="none", help="the speculative method (ngram: its "
+                        "planning and lookup count as host time)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output")
     parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
@@ -254,6 +261,7 @@ def main() -> None:
                     "torch": torch.__version__},
         "config": {"batch_sizes": args.batch_sizes, "max_tokens": args.max_tokens,
                    "ops": args.ops, "repeats": args.repeats, "baseline": args.baseline,
+                   "method": args.method,
                    "model": "tiny llama: 2 layers, hidden 64, vocab 49152, float32, CPU"},
         "results": {name: median_of(r) for name, r in runs.items()},
     }
