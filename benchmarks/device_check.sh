@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite and the GPU benchmarks on a lent GPU machine. The model's 96 MB GGUF does not fit
 # one call's 64 MiB beside the tree, so it travels xz-compressed (90 MB) in three pieces, .gpu/a,
-# .gpu/b and .gpu/c, one a call; Python packages the machine lacks travel as wheels in .whl. The
+# .gpu/b and .gpu/c, one a call; Python packages the machine lacks travel as wheels in .whl
+# (benchmarks/device_wheels.sh downloads them). The
 # machine keeps /tmp while it is warm (30 s after a call), so the calls follow each other at once:
 #
 #   benchmarks/device_check.sh setup   # carry .whl and .gpu/a: install the wheels, check imports
@@ -9,6 +10,9 @@
 #   benchmarks/device_check.sh model quiet_check     # carry .gpu/c: issue 45's quiet steps
 #   benchmarks/device_check.sh model run             # carry .gpu/c: suite in shards, benchmarks
 #   benchmarks/device_check.sh model gpu_tests profile   # carry .gpu/c: issue 45's checks
+#   benchmarks/device_check.sh wheels trace   # one call, no model pieces: carry .whl and
+#       .gpu/smol (the default model's config and tokenizer files, copied from its folder in
+#       the cache, ~/.cache/specserve/gguf/SmolLM2-*): what holds the host in an overlapped step
 #
 # `run` is `suite` and `bench`; `shard NAME PATHS...` runs one pytest process, and
 # `kernel_probe` checks the CPU kernel's error path. Everything lands under /tmp, which the
@@ -30,13 +34,28 @@ piece() {  # keeps the pieces of the model this call carried
 
 setup() {
     piece
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-        .whl/*.whl || exit 1
+    wheels
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'cuda',
 torch.version.cuda, torch.cuda.get_device_name(), 'transformers', transformers.__version__,
 'triton', triton.__version__)"
     python3 -c "import server.app, engine.grammar, jsonschema; print('imports ok')"
+}
+
+wheels() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        .whl/*.whl || exit 1
+}
+
+# Where an overlapped step's host time goes (benchmarks/experiments/overlap_trace.py): random
+# weights in the default model's shape, overlap on (two copies, then one) and off. ~1 minute.
+trace() {
+    local gpu
+    gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+    timeout 150 python3 -m benchmarks.experiments.overlap_trace --model .gpu/smol \
+        --random-weights --output "$OUT/overlap_trace_${gpu}.json" >"$OUT/trace.log" 2>&1
+    echo "== overlap_trace rc $?"
+    grep -E "Error|Traceback" "$OUT/trace.log" | head -5
 }
 
 model() {  # the default model from its three pieces, dequantized once into the cache

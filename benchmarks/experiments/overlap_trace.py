@@ -73,7 +73,9 @@ def cuda_calls(prof, steps: int) -> dict:
 
 
 def replay_host_ms(engine, replays: int = 50) -> dict:
-    """Host ms per replay call, launched back to back with no read between."""
+    """Host ms per replay call, launched back to back with no read between: through the
+    runner (its copies taking turns) and of one copy alone. A launch that waits for the
+    previous replay to finish shows as ~a step's device time per call."""
     runner = engine.static_runner
     if runner is None or not runner.graphs.enabled:
         return {}
@@ -81,21 +83,26 @@ def replay_host_ms(engine, replays: int = 50) -> dict:
     if not shapes:
         return {}
     shape = min(shapes, key=lambda s: s.num_seqs)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    times = []
-    for _ in range(replays):
-        t = time.perf_counter()
-        runner.graphs.run(shape)
-        times.append(time.perf_counter() - t)
-    launched = time.perf_counter() - started
-    torch.cuda.synchronize()
-    total = time.perf_counter() - started
-    times.sort()
-    return {"host_ms_per_launch_median": round(1e3 * times[len(times) // 2], 4),
-            "host_ms_per_launch_max": round(1e3 * times[-1], 4),
-            "launch_loop_ms": round(1e3 * launched, 3), "until_done_ms": round(1e3 * total, 3),
-            "copies": len(runner.graphs.graphs[shape])}
+    first_copy = runner.graphs.graphs[shape][0][0]
+    result = {"copies": len(runner.graphs.graphs[shape])}
+    for name, launch in (("turns", lambda: runner.graphs.run(shape)),
+                         ("one_copy", first_copy.replay)):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        times = []
+        for _ in range(replays):
+            t = time.perf_counter()
+            launch()
+            times.append(time.perf_counter() - t)
+        launched = time.perf_counter() - started
+        torch.cuda.synchronize()
+        total = time.perf_counter() - started
+        times.sort()
+        result[name] = {"host_ms_per_launch_median": round(1e3 * times[len(times) // 2], 4),
+                        "host_ms_per_launch_max": round(1e3 * times[-1], 4),
+                        "launch_loop_ms": round(1e3 * launched, 3),
+                        "until_done_ms": round(1e3 * total, 3)}
+    return result
 
 
 def measure(model: str, overlap: bool, steps: int) -> dict:
