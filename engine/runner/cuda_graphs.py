@@ -11,8 +11,10 @@ a graph whose previous replay was still running held the host ~0.2-0.4 ms (the `
 of benchmarks/profile_step.py: 0.03 ms a synchronous step, 0.23-0.42 overlapped, both measured
 2026-11-27), so the device idled while the host caught up. With `copies=2` each shape is
 captured twice and consecutive replays take turns, so no replay waits on its own previous
-launch (not yet run on a GPU: see docs/gpu.md). Only shapes that overlapped steps take
-(`copied`: decode steps) get the second copy; a speculative engine's verify steps never overlap.
+launch. Run on an H100 (2026-11-28, docs/gpu.md), the wait stayed (0.45 ms): it is not a replay
+waiting on its own copy. The copies stay until `benchmarks/experiments/overlap_trace.py`, which
+times both, says what the wait is. Only shapes that overlapped steps take (`copied`: decode
+steps) get the second copy; a speculative engine's verify steps never overlap.
 """
 
 from __future__ import annotations
