@@ -12,28 +12,29 @@ from tests.conftest import make_llm
 from tests.engine.test_static_runner import METHODS, PARAMS, PROMPTS
 
 
-def _graph_stand_in(runner, shapes_with_head: list):
-    """Replays become the graphed forward run eagerly; records the shapes whose forward
-    returned logits (the head ran in the 'graph')."""
+def _flat_and_graphed(folder: str, params):
+    """(the flat steps' outputs, the padded steps' outputs with each replay stood in for by the
+    graphed forward run eagerly, the shapes whose forward returned logits: the head ran in
+    the 'graph')."""
+    options = METHODS["layer-skip"]
+    flat = make_llm(folder, padded_steps=False, **options).generate(PROMPTS, params)
+    llm = make_llm(folder, padded_steps=True, max_num_seqs=6, **options)
+    runner, shapes = llm.engine.static_runner, []
+
     def run(shape):
         hidden, logits = runner._forward(shape, graphed=True)
         if logits is not None:
-            shapes_with_head.append(shape)
+            shapes.append(shape)
         return hidden, logits
     runner.graphs.run = run
+    return flat, llm.generate(PROMPTS, params), shapes
 
 
 @pytest.mark.parametrize("verify_rows_with_head", [64, 0])
 def test_the_head_in_the_graph_gives_the_flat_steps_tokens(tiny_chat_model_folder, monkeypatch,
                                                            verify_rows_with_head):
     monkeypatch.setattr(static_runner, "MAX_VERIFY_ROWS_WITH_HEAD", verify_rows_with_head)
-    folder = str(tiny_chat_model_folder)
-    options = METHODS["layer-skip"]
-    flat = make_llm(folder, padded_steps=False, **options).generate(PROMPTS, PARAMS)
-    llm = make_llm(folder, padded_steps=True, max_num_seqs=6, **options)
-    shapes = []
-    _graph_stand_in(llm.engine.static_runner, shapes)
-    padded = llm.generate(PROMPTS, PARAMS)
+    flat, padded, shapes = _flat_and_graphed(str(tiny_chat_model_folder), PARAMS)
     assert [o.token_ids for o in padded] == [o.token_ids for o in flat]
     assert sum(o.spec_stats.num_accepted_tokens for o in padded) > 0
     verify = [s for s in shapes if s.query_len > 1]
@@ -47,14 +48,8 @@ def test_the_head_in_the_graph_gives_the_flat_steps_tokens(tiny_chat_model_folde
 def test_seeded_sampling_from_the_graphs_logits_equals_the_flat_steps(tiny_chat_model_folder):
     from engine import SamplingParams
 
-    folder = str(tiny_chat_model_folder)
-    options = METHODS["layer-skip"]
     params = [SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, seed=11 + i,
                              ignore_eos=True) for i in range(len(PROMPTS))]
-    flat = make_llm(folder, padded_steps=False, **options).generate(PROMPTS, params)
-    llm = make_llm(folder, padded_steps=True, max_num_seqs=6, **options)
-    shapes = []
-    _graph_stand_in(llm.engine.static_runner, shapes)
-    padded = llm.generate(PROMPTS, params)
+    flat, padded, shapes = _flat_and_graphed(str(tiny_chat_model_folder), params)
     assert [o.token_ids for o in padded] == [o.token_ids for o in flat]
     assert any(s.query_len > 1 for s in shapes)

@@ -26,6 +26,16 @@ def _summary(outputs):
                                               for lp in o.logprobs]) for o in outputs]
 
 
+def greedy_and_seeded_cases(greedy_tokens: int, step: int, sampled_tokens: int):
+    """Greedy requests finishing at different steps (greedy_tokens + step * i tokens), then
+    seeded sampling with the filters, and logprobs."""
+    return [[SamplingParams(max_tokens=greedy_tokens + step * i, temperature=0, ignore_eos=True)
+             for i in range(len(PROMPTS))],
+            [SamplingParams(max_tokens=sampled_tokens, temperature=0.9, top_p=0.9, top_k=50,
+                            seed=7 + i, ignore_eos=True, logprobs=2)
+             for i in range(len(PROMPTS))]]
+
+
 def _all_blocks_free(llm) -> bool:
     manager = llm.engine.block_manager
     return manager.num_free_blocks == manager.num_blocks
@@ -35,15 +45,7 @@ def _all_blocks_free(llm) -> bool:
 def test_overlapped_steps_give_the_synchronous_steps_outputs(tiny_chat_model_folder, padded):
     plain, overlapped = _engines(tiny_chat_model_folder, padded)
     assert plain.engine.overlap is None and overlapped.engine.overlap is not None
-    cases = [
-        # greedy, requests finishing at different steps
-        [SamplingParams(max_tokens=6 + 5 * i, temperature=0, ignore_eos=True)
-         for i in range(len(PROMPTS))],
-        # seeded sampling with the filters, and logprobs
-        [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, top_k=50, seed=7 + i,
-                        ignore_eos=True, logprobs=2) for i in range(len(PROMPTS))],
-    ]
-    for params in cases:
+    for params in greedy_and_seeded_cases(6, 5, 12):
         expected = _summary(plain.generate(PROMPTS, params))
         before = overlapped.engine.overlap.num_overlapped
         assert _summary(overlapped.generate(PROMPTS, params)) == expected

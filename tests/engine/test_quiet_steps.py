@@ -10,7 +10,7 @@ from engine import SamplingParams
 from engine.runner.overlap import uses_async_scheduling
 from engine.spec_decode.quiet_steps import QuietSteps
 from tests.conftest import make_llm
-from tests.engine.test_overlap import PROMPTS, _all_blocks_free, _summary
+from tests.engine.test_overlap import PROMPTS, _all_blocks_free, _summary, greedy_and_seeded_cases
 
 
 def test_a_quiet_run_doubles_with_each_step_without_drafts_and_ends_at_one_with_drafts():
@@ -45,15 +45,7 @@ def test_quiet_steps_overlap_and_keep_the_outputs_of_none(tiny_chat_model_folder
                      speculative_method=method, async_scheduling=True)
     engine = quiet.engine
     assert engine.overlap is not None and engine.speculation.quiet is not None
-    cases = [
-        # greedy, requests finishing at different steps
-        [SamplingParams(max_tokens=24 + 8 * i, temperature=0, ignore_eos=True)
-         for i in range(len(PROMPTS))],
-        # seeded sampling with the filters, and logprobs
-        [SamplingParams(max_tokens=24, temperature=0.9, top_p=0.9, top_k=50, seed=7 + i,
-                        ignore_eos=True, logprobs=2) for i in range(len(PROMPTS))],
-    ]
-    for params in cases:
+    for params in greedy_and_seeded_cases(24, 8, 24):
         expected = _summary(plain.generate(PROMPTS, params))
         taken, overlapped = engine.speculation.quiet.num_taken, engine.overlap.num_overlapped
         assert _summary(quiet.generate(PROMPTS, params)) == expected
