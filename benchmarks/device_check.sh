@@ -48,7 +48,7 @@ wheels() {
 }
 
 # Where an overlapped step's host time goes (benchmarks/experiments/overlap_trace.py): random
-# weights in the default model's shape, overlap on (two copies, then one) and off. ~1 minute.
+# weights in the default model's shape, overlap on and off. ~1 minute.
 trace() {
     local gpu
     gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")

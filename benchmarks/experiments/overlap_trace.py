@@ -1,12 +1,14 @@
 """Where an overlapped decode step's host time goes on a GPU: per step, the host time of each CUDA
-runtime call (a launch that waits shows here) and of the heaviest torch ops, with overlap on (two
-graph copies, then one) and off; and the host time of back-to-back graph replays alone.
+runtime call (a launch that waits shows here) and of the heaviest torch ops, with overlap on and
+off; and the host time of back-to-back graph replays alone. (Its run of 2026-11-28, JSON in
+benchmarks/results, also timed the engine's two graph copies of a shape then, against one: the
+copies were slower and are gone.)
 
     python -m benchmarks.experiments.overlap_trace --model FOLDER [--random-weights] [--output J]
 
-On an H100 (2026-11-27) an overlapped step of the default model took 1.54 ms against 1.49 ms
-synchronous, its replay call holding the host 0.45 ms: this finds which call waits. Speed does
-not depend on weight values: `--random-weights` builds the folder's model with random bfloat16
+On an H100 (2026-11-28) an overlapped step of the default model took 1.54 ms against 1.49 ms
+synchronous, its replay call holding the host 0.45 ms; this found the cause (the copies). Speed
+does not depend on weight values: `--random-weights` builds the folder's model with random bfloat16
 weights (a config and tokenizer are all that must travel).
 """
 
@@ -39,21 +41,6 @@ def random_folder(folder: str) -> str:
     return str(out)
 
 
-def one_copy():
-    """Patches the padded runner's graphs to one copy a shape (the engine's choice before)."""
-    import engine.runner.static_runner as static_runner
-
-    base = static_runner.StepGraphs
-
-    class OneCopy(base):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.copies = 1
-
-    static_runner.StepGraphs = OneCopy
-    return lambda: setattr(static_runner, "StepGraphs", base)
-
-
 def cuda_calls(prof, steps: int) -> dict:
     """Host ms and calls per step of every CUDA runtime/driver call, and the top torch ops."""
     calls, ops = collections.Counter(), collections.Counter()
@@ -73,9 +60,8 @@ def cuda_calls(prof, steps: int) -> dict:
 
 
 def replay_host_ms(engine, replays: int = 50) -> dict:
-    """Host ms per replay call, launched back to back with no read between: through the
-    runner (its copies taking turns) and of one copy alone. A launch that waits for the
-    previous replay to finish shows as ~a step's device time per call."""
+    """Host ms per replay call, launched back to back with no read between. A launch that
+    waits for the previous replay to finish shows as about a step's device time per call."""
     runner = engine.static_runner
     if runner is None or not runner.graphs.enabled:
         return {}
@@ -83,26 +69,20 @@ def replay_host_ms(engine, replays: int = 50) -> dict:
     if not shapes:
         return {}
     shape = min(shapes, key=lambda s: s.num_seqs)
-    first_copy = runner.graphs.graphs[shape][0][0]
-    result = {"copies": len(runner.graphs.graphs[shape])}
-    for name, launch in (("turns", lambda: runner.graphs.run(shape)),
-                         ("one_copy", first_copy.replay)):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        times = []
-        for _ in range(replays):
-            t = time.perf_counter()
-            launch()
-            times.append(time.perf_counter() - t)
-        launched = time.perf_counter() - started
-        torch.cuda.synchronize()
-        total = time.perf_counter() - started
-        times.sort()
-        result[name] = {"host_ms_per_launch_median": round(1e3 * times[len(times) // 2], 4),
-                        "host_ms_per_launch_max": round(1e3 * times[-1], 4),
-                        "launch_loop_ms": round(1e3 * launched, 3),
-                        "until_done_ms": round(1e3 * total, 3)}
-    return result
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    times = []
+    for _ in range(replays):
+        t = time.perf_counter()
+        runner.graphs.run(shape)
+        times.append(time.perf_counter() - t)
+    launched = time.perf_counter() - started
+    torch.cuda.synchronize()
+    total = time.perf_counter() - started
+    times.sort()
+    return {"host_ms_per_launch_median": round(1e3 * times[len(times) // 2], 4),
+            "host_ms_per_launch_max": round(1e3 * times[-1], 4),
+            "launch_loop_ms": round(1e3 * launched, 3), "until_done_ms": round(1e3 * total, 3)}
 
 
 def measure(model: str, overlap: bool, steps: int) -> dict:
@@ -136,13 +116,11 @@ def main() -> None:
     parser.add_argument("--output")
     args = parser.parse_args()
     model = random_folder(args.model) if args.random_weights else args.model
-    results = {"overlap": measure(model, True, args.steps)}
-    undo = one_copy()
-    results["overlap_one_copy"] = measure(model, True, args.steps)
-    undo()
-    results["sync"] = measure(model, False, args.steps)
+    results = {"overlap": measure(model, True, args.steps),
+               "sync": measure(model, False, args.steps)}
     emit({"benchmark": "overlap_trace", "date": time.strftime("%Y-%m-%d"),
-          **device_facts(torch.device("cuda" if torch.cuda.is_available() else "cpu")), "model": args.model,
+          **device_facts(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+          "model": args.model,
           "random_weights": args.random_weights, "steps": args.steps, "results": results},
          args.output)
 

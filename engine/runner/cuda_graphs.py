@@ -6,15 +6,11 @@ them. Every shape is captured when the engine starts, as vLLM does, so no reques
 capture while serving; the widest shape goes first so the others reuse its memory pool. A graph's
 outputs live in that shared pool: they are valid until the next replay of any shape.
 
-Overlapped steps (overlap.py) launch step N+1 while step N still runs. On an H100 the replay of
-a graph whose previous replay was still running held the host ~0.2-0.4 ms (the `forward` phase
-of benchmarks/profile_step.py: 0.03 ms a synchronous step, 0.23-0.42 overlapped, both measured
-2026-11-27), so the device idled while the host caught up. With `copies=2` each shape is
-captured twice and consecutive replays take turns, so no replay waits on its own previous
-launch. Run on an H100 (2026-11-28, docs/gpu.md), the wait stayed (0.45 ms): it is not a replay
-waiting on its own copy. The copies stay until `benchmarks/experiments/overlap_trace.py`, which
-times both, says what the wait is. Only shapes that overlapped steps take (`copied`: decode
-steps) get the second copy; a speculative engine's verify steps never overlap.
+Overlapped steps (overlap.py) launch step N+1 while step N still runs, replaying the same
+graph. A second copy of each graph, replays taking turns, was tried against a replay waiting on
+its own previous launch: on an H100 (2026-11-28, benchmarks/experiments/overlap_trace.py) it made
+an overlapped batch-1 step slower, 1.56 ms against 1.36 with one graph (synchronous: 1.47), and
+each launch cost the host 0.135 ms against 0.08 (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -36,14 +32,10 @@ class StepGraphs(Generic[Shape]):
     or at start by `capture`), or runs `forward(shape, graphed=False)` where graphs are off or a
     capture failed: a forward may do more inside a graph, where extra work costs no launches."""
 
-    def __init__(self, forward: Callable[[Shape], tuple], device: torch.device, enabled: bool,
-                 copies: int = 1, copied: Callable[[Shape], bool] = lambda shape: True):
+    def __init__(self, forward: Callable[[Shape], tuple], device: torch.device, enabled: bool):
         self.forward, self.device = forward, device
         self.enabled = enabled and device.type == "cuda"
-        self.copies, self.copied = copies, copied  # `copies` of each shape `copied` accepts
-        # per shape, its copies: (graph, outputs) each, replayed in turn
-        self.graphs: dict[Shape, list[tuple[torch.cuda.CUDAGraph, tuple]]] = {}
-        self._turn = 0
+        self.graphs: dict[Shape, tuple[torch.cuda.CUDAGraph, tuple]] = {}  # (graph, outputs)
         self._eager_shapes: set[Shape] = set()  # capture failed: run these eagerly
         self._pool = None
 
@@ -67,33 +59,29 @@ class StepGraphs(Generic[Shape]):
     def run(self, shape: Shape) -> tuple:
         if not self.enabled or shape in self._eager_shapes:
             return self.forward(shape, graphed=False)
-        copies = self.graphs.get(shape) or self._capture(shape)
-        if copies is None:
+        captured = self.graphs.get(shape) or self._capture(shape)
+        if captured is None:
             return self.forward(shape, graphed=False)
-        self._turn += 1
-        graph, outputs = copies[self._turn % len(copies)]
+        graph, outputs = captured
         graph.replay()
         return outputs
 
     def _capture(self, shape: Shape):
-        """Captures one shape's forward `copies` times, after a warm-up run on a side stream (as
-        CUDA graphs require); returns the copies. A shape that cannot be captured runs eagerly
-        from then on."""
+        """Captures one shape's forward, after a warm-up run on a side stream (as CUDA graphs
+        require); returns (graph, outputs). A shape that cannot be captured runs eagerly from
+        then on."""
         try:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 self.forward(shape, graphed=True)
             torch.cuda.current_stream(self.device).wait_stream(stream)
-            copies = []
-            for _ in range(self.copies if self.copied(shape) else 1):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool):
-                    outputs = self.forward(shape, graphed=True)
-                self._pool = graph.pool()
-                copies.append((graph, outputs))
-            self.graphs[shape] = copies
-            return copies
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = self.forward(shape, graphed=True)
+            self._pool = graph.pool()
+            self.graphs[shape] = (graph, outputs)
+            return self.graphs[shape]
         except Exception as error:  # keep serving: this shape stays eager
             logger.warning("CUDA graph capture failed for %s (%s); running it eagerly", shape,
                            error)

@@ -29,7 +29,6 @@ from engine.config import EngineConfig, EngineLimits
 from engine.core.device import StagedCopy
 from engine.core.scheduler import ScheduledRequest
 from engine.runner.cuda_graphs import StepGraphs
-from engine.runner.overlap import uses_async_scheduling
 from engine.runner.padded_inputs import InputRegions, padded_inputs
 from engine.sample.sampler import argmax_rows
 
@@ -105,17 +104,13 @@ class StaticStepRunner:
                    max_query_len=1 + (spec.num_speculative_tokens if spec.enabled else 0),
                    max_model_len=limits.max_model_len, device=device,
                    use_graphs=not config.model.enforce_eager,
-                   # overlapped steps replay while the previous replay runs (cuda_graphs.py);
-                   # only decode steps overlap (a speculative engine's quiet steps too)
-                   graph_copies=2 if uses_async_scheduling(config.scheduler.async_scheduling,
-                                                           device, spec.enabled) else 1,
                    # The Triton kernel walks each request's own blocks: the table's width costs
                    # nothing there, so one width serves every step (fewer shapes, fewer graphs).
                    full_width_tables=attention_backend == "triton")
 
     def __init__(self, model, kv_cache, block_size: int, scratch_block: int, max_num_seqs: int,
                  max_query_len: int, max_model_len: int, device: torch.device,
-                 use_graphs: bool, full_width_tables: bool = False, graph_copies: int = 1):
+                 use_graphs: bool, full_width_tables: bool = False):
         self.model, self.kv_cache, self.device = model, kv_cache, device
         self.block_size = block_size
         self.scratch_slot = scratch_block * block_size
@@ -145,8 +140,7 @@ class StaticStepRunner:
         self.fed_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self._rows = torch.arange(max_tokens, device=device)
         self._staged = StagedCopy(device)
-        self.graphs = StepGraphs(self._forward, device, use_graphs, graph_copies,
-                                 copied=lambda shape: shape.query_len == 1)
+        self.graphs = StepGraphs(self._forward, device, use_graphs)
 
     def graph_shapes(self) -> list[StepShape]:
         """Every shape `prepare` can produce: batch buckets x query lengths x table widths,
