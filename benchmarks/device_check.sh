@@ -10,6 +10,7 @@
 #   benchmarks/device_check.sh model quiet_check     # carry .gpu/c: issue 45's quiet steps
 #   benchmarks/device_check.sh model run             # carry .gpu/c: suite in shards, benchmarks
 #   benchmarks/device_check.sh model gpu_tests profile   # carry .gpu/c: issue 45's checks
+#   benchmarks/device_check.sh model invariance_check    # carry .gpu/c: bfloat16 row invariance
 #   benchmarks/device_check.sh wheels trace   # one call, no model pieces: carry .whl and
 #       .gpu/smol (the default model's config and tokenizer files, copied from its folder in
 #       the cache, ~/.cache/specserve/gguf/SmolLM2-*): what holds the host in an overlapped step
@@ -184,6 +185,34 @@ quiet_check() {
         -k "quiet or adaptive or greedy_speculation_is_lossless" &
     wait
     grep -h -E "^(FAILED|ERROR)" "$OUT"/quiet.log "$OUT"/spec.log | cut -c1-220 | head -20
+}
+
+# Row invariance in bfloat16 (engine/models/invariant_linear.py, the attention kernel's 16-row
+# programs), under 5 minutes: the kernels' and the engine's GPU tests, then the methods side by
+# side in bfloat16 at batch 1 (`same_tokens_as_none` is the check), the batch-1 step with the
+# kernel and with cuBLAS, and the 8B-shaped model against the bandwidth limit.
+invariance_check() {
+    local log="$OUT/profile.log" gpu
+    gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+    TEST_S=90 shard invariance tests/engine/test_row_invariance.py tests/engine/test_bfloat16.py \
+        tests/engine/test_triton_attention.py tests/engine/test_graph_head.py
+    grep -h -E "^(FAILED|ERROR)" "$OUT"/invariance.log | cut -c1-220 | head -20
+    timeout 85 python3 -m benchmarks.spec_matrix --dtype auto --workload code,chat,copy \
+        --num-prompts 2 --max-tokens 128 --temperatures 0 --matrix-methods "" \
+        --batch1-methods none,ngram,suffix,suffix:overlap \
+        --output "$OUT/spec_matrix_invariant_${gpu}.json" >>"$log" 2>&1
+    echo "== spec_matrix rc $?"
+    timeout 45 python3 -m benchmarks.profile_step --methods none,ngram,suffix --steps 64 \
+        --output "$OUT/profile_step_invariant_${gpu}.json" >>"$log" 2>&1
+    echo "== profile_step rc $?"
+    SPECSERVE_DISABLE_INVARIANT_LINEAR=1 timeout 25 python3 -m benchmarks.profile_step \
+        --methods none --output "$OUT/profile_step_cublas_${gpu}.json" >>"$log" 2>&1
+    echo "== profile_step cuBLAS rc $?"
+    timeout 45 python3 -m benchmarks.real_size --attention-backend triton \
+        --acceptance benchmarks/results/spec_matrix_h100_2026-11-26.json \
+        --output "$OUT/real_size_invariant_${gpu}.json" >>"$log" 2>&1
+    echo "== real_size rc $?"
+    grep -E "Error|Traceback" "$log" | head -10
 }
 
 # The GPU tests of what issue 45 changed: fused ops, Triton attention, padded steps, lossless

@@ -79,6 +79,13 @@ def spec_summary(outputs) -> dict:
                                        if stats.num_drafts else None)}
 
 
+def step_cost_now(llm: LLM) -> dict:
+    """The controller's price list as it stands (engine/spec_decode/step_cost.py): why a
+    method drafted as little or as much as it did."""
+    cost = llm.engine.speculation.controller.step_cost
+    return {"fixed": round(cost.fixed * 1e3, 4), "per_row_unit": round(cost.per_unit * 1e3, 4)}
+
+
 def batch_one(llms: dict[str, LLM], prompts: dict[str, list[list[int]]], max_tokens: int,
               temperature: float) -> dict:
     """results[kind][method]: every prompt alone, the methods taking turns on each."""
@@ -102,6 +109,7 @@ def batch_one(llms: dict[str, LLM], prompts: dict[str, list[list[int]]], max_tok
             record = {"tokens_per_s": round(rate, 2), "ratio_vs_none": round(rate / base, 3)}
             if method != "none":
                 record.update(spec_summary(outputs[method]))
+                record["step_cost_ms"] = step_cost_now(llms[method])
                 if temperature == 0:
                     record["same_tokens_as_none"] = (
                         [o.token_ids for o in outputs[method]]

@@ -48,9 +48,10 @@ def _kernel():
         kv_head = tl.program_id(1)
         q_len = tl.load(query_lens_ptr + seq)
         context_len = tl.load(context_lens_ptr + seq)
-        # Row i of this program: query head kv_head * QUERY_GROUP + i // MAX_Q, query row
-        # i % MAX_Q of the request. Padding rows attend as the request's last real row.
-        rows = tl.arange(0, ROWS)
+        # Row i of the KV head's rows: query head kv_head * QUERY_GROUP + i // MAX_Q, query row
+        # i % MAX_Q of the request; this program takes ROWS of them. Padding rows attend as the
+        # request's last real row.
+        rows = tl.program_id(2) * ROWS + tl.arange(0, ROWS)
         real = rows < QUERY_GROUP * MAX_Q
         query_row = rows % MAX_Q
         head = kv_head * QUERY_GROUP + rows // MAX_Q
@@ -75,7 +76,8 @@ def _kernel():
             k = tl.load(k_cache_ptr + block[:, None] * stride_k_block
                         + slots[:, None] * stride_k_slot + kv_head * stride_k_head
                         + dims[None, :], mask=in_table[:, None], other=0.0)
-            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [ROWS, KEYS]
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
+            # scores: [ROWS, KEYS]
             visible = key[None, :] <= position[:, None]
             scores = tl.where(visible, scores, float("-inf"))
             # Every row sees key 0 in the first block, so the running max is finite from there.
@@ -98,6 +100,11 @@ def _kernel():
 
 # Keys a program scores per loop iteration (a power of two, at least one block).
 KEYS_PER_STEP = 64
+# Query rows a program attends, whatever the step's query length: a row's softmax sums are
+# reduced in an order that may follow the program's tile shape, so with one shape a verified
+# row gets bitwise the result of a decoded one. Wider queries take more programs, each walking
+# the context again.
+ROWS_PER_PROGRAM = 16
 
 
 def check_available() -> None:
@@ -139,15 +146,15 @@ def paged_attention_short(
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     query_group = num_heads // num_kv_heads
-    rows = max(16, 1 << (query_group * group.max_query_len - 1).bit_length())
+    row_programs = -(-query_group * group.max_query_len // ROWS_PER_PROGRAM)
     token_index = group.token_index
-    _kernel()[(group.num_seqs, num_kv_heads)](
+    _kernel()[(group.num_seqs, num_kv_heads, row_programs)](
         q, k_cache, v_cache, out, token_index, group.block_tables, group.query_lens,
         group.context_lens, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         group.block_tables.stride(0), token_index.stride(0), head_dim ** -0.5,
-        QUERY_GROUP=query_group, MAX_Q=group.max_query_len, ROWS=rows,
+        QUERY_GROUP=query_group, MAX_Q=group.max_query_len, ROWS=ROWS_PER_PROGRAM,
         BLOCK_SIZE=k_cache.shape[1], KEYS=max(KEYS_PER_STEP, k_cache.shape[1]), HEAD_DIM=head_dim,
         # float32 stays float32 (Triton's default for it is TF32's 10-bit mantissa)
         PRECISION="ieee" if q.dtype == torch.float32 else None,

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models import invariant_linear
 from engine.models.architecture import LlamaArchitecture
 from engine.models.triton_ops import ops_for as triton_ops_for
 from engine.quant.formats import quantize_q8_0
@@ -41,7 +42,12 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x W^T + b, plus `residual` where given: on a GPU in the GEMM's epilogue (one kernel
-        where a product and a sum were two), elsewhere as the same sum as before."""
+        where a product and a sum were two), elsewhere as the same sum as before. A GPU step of
+        at most 64 rows in half precision runs the row-invariant kernel (invariant_linear.py),
+        so a verified row rounds as a decoded one."""
+        if self.gguf is None and self.packed_weight is None \
+                and invariant_linear.applies(x, self.weight):
+            return invariant_linear.linear(x, self.weight, self.bias, residual)
         if residual is not None and x.device.type == "cuda" and self.gguf is None \
                 and self.packed_weight is None and self.bias is None and x.dim() == 2:
             return torch.addmm(residual, x, self.weight.t())

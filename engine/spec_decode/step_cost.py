@@ -25,6 +25,14 @@ COST_DECAY = 0.98  # per observation for the step-time fit
 # 17-row probe was noise, once 1.7 ms a row with no fixed part, and then no draft paid. At batch 1
 # the same probes against 1-row steps pin it well (steps vary far less than a row's cost).
 MAX_SLOPE_ERROR = 0.25
+# A step this many times slower than the line predicts is not learned from, unless such steps
+# keep coming (then the line was wrong). On a GPU a kernel's or a shape's first use compiles it
+# (a second, against 1.5 ms steps), and one such step, decayed by COST_DECAY a step, still read
+# as 10 ms of fixed cost 60 steps later (test_online_cost_fit.py), which mispriced every draft
+# against a step. (On an H200 the spec_matrix engine that met the verify shapes first drafted
+# 3 to 8 tokens in 256 while its twins drafted 180-320: suspected first-use costs, not shown.)
+OUTLIER_FACTOR = 10.0
+MAX_OUTLIERS_IN_A_ROW = 8
 
 
 def attended_keys(first_position: int, num_rows: int) -> int:
@@ -91,6 +99,7 @@ class LinearCostModel:
         self._held = (fixed, per_unit)
         # weight, then sums of x_rows, x_keys, t and of their products (decayed)
         self._sums = dict.fromkeys(("w", "r", "k", "t", "rr", "rk", "kk", "rt", "kt", "tt"), 0.0)
+        self._outliers_in_a_row = 0
 
     def units(self, rows: int, row_keys: int = 0, request_keys: int = 0) -> float:
         return (self.row_shape(rows) + self.row_key_units * row_keys
@@ -116,6 +125,12 @@ class LinearCostModel:
     def observe(self, rows: float, seconds: float, row_keys: int = 0,
                 request_keys: int = 0) -> None:
         x_rows = self.row_shape(rows) + self.row_key_units * (row_keys - request_keys)
+        predicted = self.fixed + self.per_unit * x_rows + self.per_cache_key * request_keys
+        if seconds > OUTLIER_FACTOR * predicted > 0 \
+                and self._outliers_in_a_row < MAX_OUTLIERS_IN_A_ROW:
+            self._outliers_in_a_row += 1
+            return
+        self._outliers_in_a_row = 0
         sums = {name: v * COST_DECAY for name, v in self._sums.items()}
         for name, v in (("w", 1.0), ("r", x_rows), ("k", request_keys), ("t", seconds),
                         ("rr", x_rows * x_rows), ("rk", x_rows * request_keys),

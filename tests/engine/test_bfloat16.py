@@ -11,8 +11,10 @@ log-probability margin is at most NEAR_TIE_NATS) and, for sampling, the target's
 
 from __future__ import annotations
 
+import pytest
+
 from engine import SamplingParams
-from tests.conftest import make_llm
+from tests.conftest import TEST_DEVICE, make_llm
 from tests.engine.test_spec_decode_engine import PROMPTS, _broken_verify
 
 # Two bfloat16 steps (8 bits of mantissa) at logits of magnitude 8-16.
@@ -49,3 +51,35 @@ def test_bfloat16_greedy_speculation_agrees_up_to_near_ties(tiny_chat_model_fold
     # Negative control: a verifier that accepts every draft diverges where it is no tie.
     monkeypatch.setattr("engine.sample.verifier.verify", _broken_verify)
     assert _divergences_beyond_near_ties(plain, llm.generate(PROMPTS, PARAMS))
+
+
+@pytest.mark.skipif(TEST_DEVICE.type != "cuda",
+                    reason="the row-invariant kernels are GPU ones; a CPU agrees up to near-ties")
+@pytest.mark.parametrize("method", ["layer-skip", "suffix"])
+def test_bfloat16_greedy_speculation_is_exact_on_a_gpu(tiny_chat_model_folder, monkeypatch,
+                                                       method):
+    """On a GPU a verified row rounds as a decoded one (invariant_linear.py, the attention
+    kernel's fixed tiles), so bfloat16 speculation gives `none`'s tokens exactly: layer-skip
+    with 4 drafts for the prompts together (at most 35 rows a step), suffix with 15 (16-row
+    queries, over several attention programs) one prompt at a time."""
+    target = str(tiny_chat_model_folder)
+    plain = make_llm(target, speculative_method="none", dtype="bfloat16")
+    options = {"layer-skip": dict(draft_layer_ids=(0, 2), num_speculative_tokens=4),
+               "suffix": dict(num_speculative_tokens=15)}[method]
+    llm = make_llm(target, speculative_method=method, adaptive=False, dtype="bfloat16", **options)
+
+    def run(engine):
+        if method == "suffix":
+            return [engine.generate(p, PARAMS)[0] for p in PROMPTS]
+        return engine.generate(PROMPTS, PARAMS)
+
+    want = [o.token_ids for o in run(plain)]
+    speculative = run(llm)
+    stats = [o.spec_stats for o in speculative]
+    assert sum(s.num_draft_tokens for s in stats) > 100
+    assert sum(s.num_accepted_tokens for s in stats) > 0
+    assert [o.token_ids for o in speculative] == want
+    if method == "layer-skip":  # its drafts are often wrong (suffix's, on this model, not)
+        # Negative control: a verifier that accepts every draft leaves the plain tokens.
+        monkeypatch.setattr("engine.sample.verifier.verify", _broken_verify)
+        assert [o.token_ids for o in run(llm)] != want

@@ -121,3 +121,25 @@ def test_steps_slower_than_the_start_up_line_move_its_intercept_only():
     cost = _steady_batch_fit(LinearCostModel(fixed=0.0036, per_unit=0.00057), 0.0086, 0.00057)
     assert cost.per_unit == 0.00057
     assert cost.fixed == pytest.approx(0.0086, abs=0.0005)
+
+
+def test_a_first_use_stall_does_not_price_the_steps(monkeypatch):
+    """A GPU's first use of a verify shape compiles kernels: one step takes a second among
+    1.5 ms ones. The fit sets it aside; taking it in (the negative control) reads as 10 ms of
+    fixed cost 60 steps later. A run of slow steps is no stall: the line follows it."""
+    from engine.spec_decode import step_cost as module
+
+    def fit(outlier_factor: float) -> LinearCostModel:
+        monkeypatch.setattr(module, "OUTLIER_FACTOR", outlier_factor)
+        cost = LinearCostModel(fixed=0.0014, per_unit=0.0001)
+        for step in range(60):
+            rows = 1 + step % 5
+            cost.observe(rows, 1.0 if step == 3 else 0.0014 + 0.0001 * rows)
+        return cost
+
+    assert fit(module.OUTLIER_FACTOR)(5) == pytest.approx(0.0019, rel=0.01)
+    assert fit(float("inf"))(5) > 0.005
+    slower = LinearCostModel(fixed=0.0014, per_unit=0.0001)
+    for _ in range(40):  # the machine became 20x slower, for good
+        slower.observe(1, 0.030)
+    assert slower(1) == pytest.approx(0.030, rel=0.05)

@@ -1,0 +1,123 @@
+"""Row-invariant matrix products for the small steps of a GPU, as one Triton kernel.
+
+Why: speculation is lossless only if a verified row's logits are bitwise those a one-row decode
+step computes for the same token. cuBLAS picks its kernel (tile shape, split of the inner
+dimension) from the number of rows, so in bfloat16 a 5-row verify step and a 1-row decode step
+round some sums differently, and a near-tie's argmax can flip: on an H200 the `suffix` method's
+greedy tokens left `none`'s in 4 of 6 runs of `spec_matrix --dtype auto` (docs/gpu.md).
+
+Here every product of at most MAX_ROWS rows runs one kernel whose tiling depends on the
+weight's shape alone: 16-row tiles, the inner dimension summed 64 columns at a time in order,
+no split. An output element is then the same sequence of float32 operations on the same inputs
+whatever rows share its call. Past MAX_ROWS (prefill chunks, wide batches) the product is
+compute-bound and cuBLAS's own choice is kept: prefill is cut the same way with speculation
+and without, and a decode batch that wide is past what batch invariance promises (docs/gpu.md).
+
+Where: CUDA tensors in bfloat16 or float16 with triton importable (float32 keeps cuBLAS, whose
+rounding errors sit far below an argmax's margins), unless SPECSERVE_DISABLE_TRITON_OPS=1 or
+SPECSERVE_DISABLE_INVARIANT_LINEAR=1 (cuBLAS, for comparison). Under Triton's interpreter
+(TRITON_INTERPRET=1) the kernel runs on CPU tensors too, which is how the tests check it here.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from engine.models.triton_ops import triton_ops_enabled
+
+# The widest product this kernel takes: decode batches and verify steps (the padded steps that
+# run the LM head inside their graph stop at the same 64 rows).
+MAX_ROWS = 64
+BLOCK_ROWS = 16  # fixed: a tile of another height may accumulate in another order
+BLOCK_INNER = 64  # the inner dimension's chunk, summed in order
+
+
+@functools.cache
+def _enabled() -> bool:  # read once: this sits on every product's path
+    return os.environ.get("SPECSERVE_DISABLE_INVARIANT_LINEAR") != "1" and triton_ops_enabled()
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` takes this product: 2-D, at most MAX_ROWS rows, half precision, on CUDA
+    (or under the interpreter)."""
+    return (x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 2
+            and 0 < x.shape[0] <= MAX_ROWS and weight.dtype == x.dtype and weight.dim() == 2
+            and weight.stride(-1) == 1
+            and (x.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+            and _enabled())
+
+
+def block_columns(out_features: int) -> int:
+    """Output columns per program, from the weight's shape only: enough programs to spread a
+    one-row product over the GPU (~64 and up), at most 128 columns each."""
+    per_64 = max(out_features // 64, 1)
+    return min(128, max(16, 1 << (per_64.bit_length() - 1)))
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    # The row count is not specialized on: Triton compiles a separate kernel for an argument
+    # equal to 1, and one kernel for every row count is the point.
+    @triton.jit(do_not_specialize=["num_rows"])
+    def linear_kernel(
+        x_ptr, w_ptr, bias_ptr, residual_ptr, out_ptr, num_rows, out_features, in_features,
+        stride_x, stride_w, stride_residual, stride_out,
+        HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    ):
+        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        columns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        inner = tl.arange(0, BLOCK_K)
+        row_real = rows < num_rows
+        column_real = columns < out_features
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for start in range(0, in_features, BLOCK_K):
+            k = start + inner
+            k_real = k < in_features
+            x = tl.load(x_ptr + rows[:, None] * stride_x + k[None, :],
+                        mask=row_real[:, None] & k_real[None, :], other=0.0)
+            w = tl.load(w_ptr + columns[None, :] * stride_w + k[:, None],
+                        mask=column_real[None, :] & k_real[:, None], other=0.0)
+            acc = tl.dot(x, w, acc, input_precision=PRECISION)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + columns, mask=column_real, other=0.0).to(tl.float32)[None, :]
+        mask = row_real[:, None] & column_real[None, :]
+        if HAS_RESIDUAL:
+            acc += tl.load(residual_ptr + rows[:, None] * stride_residual + columns[None, :],
+                           mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows[:, None] * stride_out + columns[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+    return linear_kernel
+
+
+def linear(x: torch.Tensor,  # [rows, in], unit stride in `in`
+           weight: torch.Tensor,  # [out, in], unit stride in `in`
+           bias: torch.Tensor | None = None,  # [out]
+           residual: torch.Tensor | None = None,  # [rows, out], added before rounding
+           ) -> torch.Tensor:  # [rows, out]: x W^T + bias + residual, in x's dtype
+    num_rows, in_features = x.shape
+    out_features = weight.shape[0]
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    if residual is not None and residual.stride(-1) != 1:
+        residual = residual.contiguous()
+    out = x.new_empty(num_rows, out_features)
+    if num_rows == 0:
+        return out
+    block_n = block_columns(out_features)
+    grid = (-(-out_features // block_n), -(-num_rows // BLOCK_ROWS))
+    _kernel()[grid](
+        x, weight, bias if bias is not None else out, residual if residual is not None else out,
+        out, num_rows, out_features, in_features, x.stride(0), weight.stride(0),
+        residual.stride(0) if residual is not None else 0, out.stride(0),
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, BLOCK_M=BLOCK_ROWS,
+        BLOCK_N=block_n, BLOCK_K=BLOCK_INNER,
+        # float32 (the interpreter's checks) stays float32, not TF32
+        PRECISION="ieee" if x.dtype == torch.float32 else None)
+    return out
