@@ -187,28 +187,29 @@ quiet_check() {
     grep -h -E "^(FAILED|ERROR)" "$OUT"/quiet.log "$OUT"/spec.log | cut -c1-220 | head -20
 }
 
-# Row invariance in bfloat16 (engine/models/invariant_linear.py, the attention kernel's 16-row
-# programs), under 5 minutes: the kernels' and the engine's GPU tests, then the methods side by
-# side in bfloat16 at batch 1 (`same_tokens_as_none` is the check), the batch-1 step with the
-# kernel and with cuBLAS, and the 8B-shaped model against the bandwidth limit.
+# Row invariance in bfloat16 (--batch-invariant: engine/models/invariant_linear.py; the
+# attention kernel's 16-row programs), under 5 minutes: the kernels' and the engine's GPU tests,
+# then the methods side by side in bfloat16 at batch 1 (`same_tokens_as_none` is the check),
+# the batch-1 step with the kernel and with cuBLAS, and the 8B-shaped model against the
+# bandwidth limit. (Run on 2026-11-28 when the kernel was on by default, so without the flags.)
 invariance_check() {
     local log="$OUT/profile.log" gpu
     gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
     TEST_S=90 shard invariance tests/engine/test_row_invariance.py tests/engine/test_bfloat16.py \
         tests/engine/test_triton_attention.py tests/engine/test_graph_head.py
     grep -h -E "^(FAILED|ERROR)" "$OUT"/invariance.log | cut -c1-220 | head -20
-    timeout 85 python3 -m benchmarks.spec_matrix --dtype auto --workload code,chat,copy \
-        --num-prompts 2 --max-tokens 128 --temperatures 0 --matrix-methods "" \
-        --batch1-methods none,ngram,suffix,suffix:overlap \
+    timeout 85 python3 -m benchmarks.spec_matrix --dtype auto --batch-invariant \
+        --workload code,chat,copy --num-prompts 2 --max-tokens 128 --temperatures 0 \
+        --matrix-methods "" --batch1-methods none,ngram,suffix,suffix:overlap \
         --output "$OUT/spec_matrix_invariant_${gpu}.json" >>"$log" 2>&1
     echo "== spec_matrix rc $?"
     timeout 45 python3 -m benchmarks.profile_step --methods none,ngram,suffix --steps 64 \
-        --output "$OUT/profile_step_invariant_${gpu}.json" >>"$log" 2>&1
+        --batch-invariant --output "$OUT/profile_step_invariant_${gpu}.json" >>"$log" 2>&1
     echo "== profile_step rc $?"
-    SPECSERVE_DISABLE_INVARIANT_LINEAR=1 timeout 25 python3 -m benchmarks.profile_step \
-        --methods none --output "$OUT/profile_step_cublas_${gpu}.json" >>"$log" 2>&1
+    timeout 25 python3 -m benchmarks.profile_step --methods none \
+        --output "$OUT/profile_step_cublas_${gpu}.json" >>"$log" 2>&1
     echo "== profile_step cuBLAS rc $?"
-    timeout 45 python3 -m benchmarks.real_size --attention-backend triton \
+    timeout 45 python3 -m benchmarks.real_size --attention-backend triton --batch-invariant \
         --acceptance benchmarks/results/spec_matrix_h100_2026-11-26.json \
         --output "$OUT/real_size_invariant_${gpu}.json" >>"$log" 2>&1
     echo "== real_size rc $?"

@@ -156,6 +156,7 @@ def profile_method(model: str, method: str, args, device) -> dict:
     options = {"speculative_method": method, "enable_prefix_caching": False,
                "kv_cache_memory_gib": 1.0, "dtype": args.dtype, "max_num_seqs": 1,
                "max_model_len": 2048, "attention_backend": args.attention_backend,
+               "batch_invariant": args.batch_invariant,
                "async_scheduling": {"on": True, "off": False}.get(args.async_scheduling)}
     llm = LLM(model, **options)
     engine = llm.engine
@@ -227,6 +228,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="the engine with --batch-invariant (row-invariant GPU kernels)")
     parser.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"],
                         help="overlapped steps (auto: on for CUDA)")
     parser.add_argument("--output")
@@ -254,6 +257,7 @@ def main() -> None:
           **device_facts(device),
           "config": {"model": args.model or "default (SmolLM2-135M-Instruct)", "dtype": args.dtype,
                      "attention_backend": args.attention_backend,
+                     "batch_invariant": args.batch_invariant,
                      "async_scheduling": args.async_scheduling, "steps": args.steps, "repeats": args.repeats, "workload": args.workload,
                      "batch": 1, "greedy": True},
           "results": results}, args.output)

@@ -144,6 +144,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--attention-backend", default="torch")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="the row-invariant products (engine/models/invariant_linear.py)")
     parser.add_argument("--acceptance", help="a spec_matrix JSON to project speedups from")
     parser.add_argument("--output")
     args = parser.parse_args()
@@ -155,6 +157,8 @@ def main() -> None:
     config = LLAMA3_8B if args.config == "llama3-8b" else json.loads(Path(args.config).read_text())
     model = build_model(config, device, dtype)
     model.set_attention_backend(args.attention_backend)
+    if args.batch_invariant:
+        model.use_batch_invariant_kernels(device, dtype, args.attention_backend)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     rows = [int(r) for r in args.rows.split(",")]
     verify_rows = [int(r) for r in args.verify_rows.split(",")]
@@ -181,6 +185,7 @@ def main() -> None:
     report = {
         "benchmark": "real_size", "date": time.strftime("%Y-%m-%d"), **device_facts(device),
         "config": {"model": args.config, "dtype": args.dtype, "context": args.context,
+                   "batch_invariant": args.batch_invariant,
                    "iters": args.iters, "attention_backend": args.attention_backend,
                    "graphs": runner.graphs.enabled, "weights": "random (normal, std 0.02)"},
         "weight_bytes": weight_bytes,

@@ -213,6 +213,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="float32 (default) on any device: bfloat16 is not batch-invariant, and "
                         "the report says whether every method gives none's greedy tokens; "
                         "auto: the serving default (bfloat16 on CUDA)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="every engine with --batch-invariant (on a GPU, bfloat16 verification "
+                        "rounds as decoding: engine/models/invariant_linear.py)")
     p.add_argument("--padded-steps", action="store_true",
                    help="decode/verify steps in the padded layout CUDA graphs replay (the GPU "
                         "default; off on CPU otherwise), so the controller prices padded rows")
@@ -233,6 +236,8 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = {kind: [encode(tokenizer, w) for w in load_workloads(kind, args.num_prompts)]
                for kind in kinds}
     layout = {"padded_steps": True} if args.padded_steps else {}
+    if args.batch_invariant:
+        layout["batch_invariant"] = True
     # kv_cache_memory_gib: the CPU's default; on a GPU, engines side by side must share it.
     llms = {m: LLM(args.model, enable_prefix_caching=False, kv_cache_memory_gib=CPU_KV_CACHE_GIB,
                    dtype=args.dtype, **layout,
@@ -240,11 +245,18 @@ def main(argv: list[str] | None = None) -> dict:
             for m in dict.fromkeys(["none"] + batch1_methods + matrix_methods)}
     # Warm-up: every engine on every workload, long enough to verify drafts. On a GPU a kernel
     # or GEMM shape first used inside a timed run (verify rows' LM head, the sampler's) cost
-    # whichever method met it first (docs/gpu.md, 2026-11-28).
+    # whichever method met it first (docs/gpu-2026-11-28.md). On a GPU the matrix's engines
+    # also meet each concurrency once: `none` alone read 259 and 4,723 tok/s in two turns of
+    # one 16-request cell on an H200 (docs/gpu.md).
     for llm in llms.values():
         for kind in kinds:
             llm.generate(prompts[kind][0], SamplingParams(max_tokens=min(64, args.max_tokens),
                                                           temperature=0))
+    if llms["none"].engine.device.type == "cuda" and matrix_methods:
+        for method in dict.fromkeys(["none"] + matrix_methods):
+            for level in (int(c) for c in args.concurrency.split(",")):
+                batch = [prompts[kinds[0]][i % len(prompts[kinds[0]])] for i in range(level)]
+                llms[method].generate(batch, SamplingParams(max_tokens=16, temperature=0))
     report = {
         "benchmark": "spec_matrix",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -254,7 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
         "torch_threads": torch.get_num_threads(), "machine": platform.platform(),
         "load_average": [round(v, 2) for v in os.getloadavg()],
         "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
-        "padded_steps": args.padded_steps,
+        "padded_steps": args.padded_steps, "batch_invariant": args.batch_invariant,
         "matrix_max_tokens": args.matrix_max_tokens,
         "batch1": {}, "matrix": {},
     }

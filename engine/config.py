@@ -38,6 +38,10 @@ class ModelConfig:
     # block table in one kernel (engine/attention/triton_backend.py; needs the triton package).
     # "auto": triton on CUDA where installed (measured 1.27x faster a step on an H100), else torch
     attention_backend: str = "auto"
+    # Every row of a step computed bitwise as it would be alone, whatever rows share the step, so
+    # that bfloat16 verification is exactly decoding (engine/models/invariant_linear.py). CPU
+    # float32 and GGUF paths are so already; on CUDA it costs device time (docs/gpu.md).
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:

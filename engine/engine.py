@@ -68,6 +68,9 @@ class LLMEngine:
         self.attention_backend = triton_backend.resolve(config.model.attention_backend,
                                                         self.device)
         loaded.model.set_attention_backend(self.attention_backend)
+        if config.model.batch_invariant:
+            loaded.model.use_batch_invariant_kernels(self.device, self.dtype,
+                                                     self.attention_backend)
         self.vocab_size = arch.vocab_size
         max_model_len = min(config.model.max_model_len or arch.max_position_embeddings,
                             arch.max_position_embeddings)

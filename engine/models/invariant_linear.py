@@ -3,8 +3,9 @@
 Why: speculation is lossless only if a verified row's logits are bitwise those a one-row decode
 step computes for the same token. cuBLAS picks its kernel (tile shape, split of the inner
 dimension) from the number of rows, so in bfloat16 a 5-row verify step and a 1-row decode step
-round some sums differently, and a near-tie's argmax can flip: on an H200 the `suffix` method's
-greedy tokens left `none`'s in 4 of 6 runs of `spec_matrix --dtype auto` (docs/gpu.md).
+round some sums differently, and a near-tie's argmax can flip: on an H200 (bfloat16, greedy)
+`suffix` left `none`'s tokens in 4 of 6 cells of spec_matrix; with this kernel and the attention
+kernel's fixed 16-row programs, all 9 speculative cells gave `none`'s tokens (docs/gpu.md).
 
 Here every product of at most MAX_ROWS rows runs one kernel whose tiling depends on the
 weight's shape alone: 16-row tiles, the inner dimension summed 64 columns at a time in order,
@@ -13,9 +14,11 @@ whatever rows share its call. Past MAX_ROWS (prefill chunks, wide batches) the p
 compute-bound and cuBLAS's own choice is kept: prefill is cut the same way with speculation
 and without, and a decode batch that wide is past what batch invariance promises (docs/gpu.md).
 
-Where: CUDA tensors in bfloat16 or float16 with triton importable (float32 keeps cuBLAS, whose
-rounding errors sit far below an argmax's margins), unless SPECSERVE_DISABLE_TRITON_OPS=1 or
-SPECSERVE_DISABLE_INVARIANT_LINEAR=1 (cuBLAS, for comparison). Under Triton's interpreter
+Where: with --batch-invariant (ModelConfig.batch_invariant; off by default), every projection
+of the target on CUDA; float32 runs it too, in IEEE float32 (not TF32). It costs device time:
+on an H200 a batch-1 step of SmolLM2-135M replayed in 1.20 ms against cuBLAS's 1.04, and a
+step of the 8B-shaped model took 8.3 ms against 5.4 (2.1x and 1.35x the bandwidth limit;
+docs/gpu.md). Its tiles are untuned: one loan measured them. Under Triton's interpreter
 (TRITON_INTERPRET=1) the kernel runs on CPU tensors too, which is how the tests check it here.
 """
 
@@ -26,8 +29,6 @@ import os
 
 import torch
 
-from engine.models.triton_ops import triton_ops_enabled
-
 # The widest product this kernel takes: decode batches and verify steps (the padded steps that
 # run the LM head inside their graph stop at the same 64 rows).
 MAX_ROWS = 64
@@ -35,19 +36,13 @@ BLOCK_ROWS = 16  # fixed: a tile of another height may accumulate in another ord
 BLOCK_INNER = 64  # the inner dimension's chunk, summed in order
 
 
-@functools.cache
-def _enabled() -> bool:  # read once: this sits on every product's path
-    return os.environ.get("SPECSERVE_DISABLE_INVARIANT_LINEAR") != "1" and triton_ops_enabled()
-
-
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear` takes this product: 2-D, at most MAX_ROWS rows, half precision, on CUDA
-    (or under the interpreter)."""
-    return (x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 2
-            and 0 < x.shape[0] <= MAX_ROWS and weight.dtype == x.dtype and weight.dim() == 2
-            and weight.stride(-1) == 1
-            and (x.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
-            and _enabled())
+    """Whether `linear` takes this product: 2-D, at most MAX_ROWS rows, on CUDA (or under the
+    interpreter)."""
+    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and weight.dtype == x.dtype
+            and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+            and weight.dim() == 2 and weight.stride(-1) == 1
+            and (x.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"))
 
 
 def block_columns(out_features: int) -> int:

@@ -39,14 +39,14 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.packed_weight: torch.Tensor | None = None
         self.gguf: GGUFWeight | None = None
+        self.row_invariant = False  # --batch-invariant: the row-invariant kernel where it applies
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x W^T + b, plus `residual` where given: on a GPU in the GEMM's epilogue (one kernel
-        where a product and a sum were two), elsewhere as the same sum as before. A GPU step of
-        at most 64 rows in half precision runs the row-invariant kernel (invariant_linear.py),
-        so a verified row rounds as a decoded one."""
-        if self.gguf is None and self.packed_weight is None \
-                and invariant_linear.applies(x, self.weight):
+        where a product and a sum were two), elsewhere as the same sum as before. With
+        --batch-invariant a GPU step of at most 64 rows runs the row-invariant kernel
+        (invariant_linear.py), so a verified row rounds as a decoded one."""
+        if self.row_invariant and invariant_linear.applies(x, self.weight):
             return invariant_linear.linear(x, self.weight, self.bias, residual)
         if residual is not None and x.device.type == "cuda" and self.gguf is None \
                 and self.packed_weight is None and self.bias is None and x.dim() == 2:

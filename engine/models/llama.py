@@ -67,6 +67,24 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             layer.self_attn.backend = name
 
+    def use_batch_invariant_kernels(self, device: torch.device, dtype: torch.dtype,
+                                    attention_backend: str) -> None:
+        """--batch-invariant: on CUDA every projection of at most MAX_ROWS rows runs the
+        row-invariant kernel; the CPU's float32 and GGUF kernels are row-invariant already.
+        Raises ValueError where neither holds."""
+        if device.type == "cpu":
+            if dtype != torch.float32:
+                raise ValueError("--batch-invariant on CPU needs --dtype float32 (its bfloat16 "
+                                 "products are not row-invariant)")
+            return
+        if attention_backend != "triton":
+            raise ValueError("--batch-invariant needs --attention-backend triton (SDPA's "
+                             "results depend on the query's width)")
+        triton_backend.check_available()
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.row_invariant = True
+
     def pack_for_cpu(self) -> None:
         """Repacks every projection for the CPU's fastest kernel (no-op elsewhere)."""
         for module in self.modules():

@@ -56,21 +56,23 @@ def test_bfloat16_greedy_speculation_agrees_up_to_near_ties(tiny_chat_model_fold
 @pytest.mark.skipif(TEST_DEVICE.type != "cuda",
                     reason="the row-invariant kernels are GPU ones; a CPU agrees up to near-ties")
 @pytest.mark.parametrize("method", ["layer-skip", "suffix"])
-def test_bfloat16_greedy_speculation_is_exact_on_a_gpu(tiny_chat_model_folder, monkeypatch,
-                                                       method):
-    """On a GPU a verified row rounds as a decoded one (invariant_linear.py, the attention
-    kernel's fixed tiles), so bfloat16 speculation gives `none`'s tokens exactly: layer-skip
-    with 4 drafts for the prompts together (at most 35 rows a step), suffix with 15 (16-row
-    queries, over several attention programs) one prompt at a time."""
+def test_bfloat16_greedy_speculation_is_exact_with_batch_invariance(tiny_chat_model_folder,
+                                                                    monkeypatch, method):
+    """With --batch-invariant a verified row rounds as a decoded one on a GPU
+    (invariant_linear.py, the attention kernel's 16-row programs), so bfloat16 speculation gives
+    `none`'s tokens exactly: layer-skip with 4 drafts for the prompts together (at most 35 rows
+    a step); suffix with 15 (16-row queries, over several attention programs), each prompt
+    alone, twice, so the second pass drafts from the first's answers."""
     target = str(tiny_chat_model_folder)
-    plain = make_llm(target, speculative_method="none", dtype="bfloat16")
+    plain = make_llm(target, speculative_method="none", dtype="bfloat16", batch_invariant=True)
     options = {"layer-skip": dict(draft_layer_ids=(0, 2), num_speculative_tokens=4),
                "suffix": dict(num_speculative_tokens=15)}[method]
-    llm = make_llm(target, speculative_method=method, adaptive=False, dtype="bfloat16", **options)
+    llm = make_llm(target, speculative_method=method, adaptive=False, dtype="bfloat16",
+                   batch_invariant=True, **options)
 
     def run(engine):
         if method == "suffix":
-            return [engine.generate(p, PARAMS)[0] for p in PROMPTS]
+            return [engine.generate(p, PARAMS)[0] for p in PROMPTS + PROMPTS]
         return engine.generate(PROMPTS, PARAMS)
 
     want = [o.token_ids for o in run(plain)]
@@ -79,7 +81,7 @@ def test_bfloat16_greedy_speculation_is_exact_on_a_gpu(tiny_chat_model_folder, m
     assert sum(s.num_draft_tokens for s in stats) > 100
     assert sum(s.num_accepted_tokens for s in stats) > 0
     assert [o.token_ids for o in speculative] == want
-    if method == "layer-skip":  # its drafts are often wrong (suffix's, on this model, not)
+    if method == "layer-skip":  # its drafts are often wrong (suffix's second pass's, not)
         # Negative control: a verifier that accepts every draft leaves the plain tokens.
         monkeypatch.setattr("engine.sample.verifier.verify", _broken_verify)
         assert [o.token_ids for o in run(llm)] != want

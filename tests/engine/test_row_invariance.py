@@ -20,7 +20,7 @@ def test_a_verified_row_attends_as_a_decoded_one():
     run_check("tests.engine.invariance_cases", "attention")
 
 
-def test_the_kernel_takes_half_precision_steps_of_at_most_64_rows(monkeypatch):
+def test_the_kernel_takes_steps_of_at_most_64_rows_on_the_gpu(monkeypatch):
     from engine.models import invariant_linear
 
     weight = torch.zeros(8, 4, dtype=torch.bfloat16)
@@ -29,16 +29,35 @@ def test_the_kernel_takes_half_precision_steps_of_at_most_64_rows(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert invariant_linear.applies(torch.zeros(2, 4, dtype=torch.bfloat16), weight)
     assert invariant_linear.applies(torch.zeros(64, 4, dtype=torch.bfloat16), weight)
+    assert invariant_linear.applies(torch.zeros(2, 4), weight.float())
     assert not invariant_linear.applies(torch.zeros(65, 4, dtype=torch.bfloat16), weight)
-    assert not invariant_linear.applies(torch.zeros(2, 4), weight.float())  # float32: cuBLAS
     assert not invariant_linear.applies(torch.zeros(2, 2, 4, dtype=torch.bfloat16), weight)
-    monkeypatch.setenv("SPECSERVE_DISABLE_INVARIANT_LINEAR", "1")
-    invariant_linear._enabled.cache_clear()
-    try:
-        assert not invariant_linear.applies(torch.zeros(2, 4, dtype=torch.bfloat16), weight)
-    finally:
-        monkeypatch.delenv("SPECSERVE_DISABLE_INVARIANT_LINEAR")
-        invariant_linear._enabled.cache_clear()
+    assert not invariant_linear.applies(torch.zeros(2, 4, dtype=torch.long), weight.long())
+
+
+def test_batch_invariance_is_refused_where_it_cannot_hold(tiny_chat_model_folder):
+    """The CPU's float32 kernels are row-invariant already (the lossless tests check it), so
+    --batch-invariant is taken there as it is; its bfloat16 products are not: refused."""
+    from tests.conftest import make_llm
+
+    with pytest.raises(ValueError, match="--batch-invariant on CPU needs --dtype float32"):
+        make_llm(str(tiny_chat_model_folder), device="cpu", dtype="bfloat16",
+                 batch_invariant=True, speculative_method="none")
+    llm = make_llm(str(tiny_chat_model_folder), device="cpu", batch_invariant=True,
+                   speculative_method="none")
+    assert not any(getattr(m, "row_invariant", False) for m in llm.engine.runner.model.modules())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batch_invariance_on_a_gpu_needs_the_triton_attention(tiny_chat_model_folder):
+    from tests.conftest import make_llm
+
+    with pytest.raises(ValueError, match="--batch-invariant needs --attention-backend triton"):
+        make_llm(str(tiny_chat_model_folder), device="cuda", batch_invariant=True,
+                 attention_backend="torch", speculative_method="none")
+    llm = make_llm(str(tiny_chat_model_folder), device="cuda", batch_invariant=True,
+                   speculative_method="none")
+    assert llm.engine.runner.model.lm_head.row_invariant
 
 
 def test_columns_per_program_follow_the_weight_alone():
