@@ -195,6 +195,14 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
+    def __post_init__(self) -> None:
+        # A verify query past 16 rows is attended as a prefill chunk (SDPA), whose sums follow
+        # the query's width (engine/attention/metadata.py MAX_QUERY_LEN_BATCHED).
+        if self.model.batch_invariant and self.speculative.enabled \
+                and self.speculative.num_speculative_tokens > 15:
+            raise ValueError("--batch-invariant takes at most 15 speculative tokens (16 verified "
+                             f"rows a request), got {self.speculative.num_speculative_tokens}")
+
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
         """Builds a config from flat keyword arguments named like the CLI flags."""

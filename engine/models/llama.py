@@ -70,16 +70,22 @@ class LlamaForCausalLM(nn.Module):
     def use_batch_invariant_kernels(self, device: torch.device, dtype: torch.dtype,
                                     attention_backend: str) -> None:
         """--batch-invariant: on CUDA every projection of at most MAX_ROWS rows runs the
-        row-invariant kernel; the CPU's float32 and GGUF kernels are row-invariant already.
+        row-invariant kernel, and decode and verify queries (up to 16 rows a request) the
+        Triton attention kernel; the CPU's float32 and GGUF kernels are row-invariant already.
         Raises ValueError where neither holds."""
         if device.type == "cpu":
             if dtype != torch.float32:
                 raise ValueError("--batch-invariant on CPU needs --dtype float32 (its bfloat16 "
                                  "products are not row-invariant)")
             return
-        if attention_backend != "triton":
-            raise ValueError("--batch-invariant needs --attention-backend triton (SDPA's "
-                             "results depend on the query's width)")
+        head_dim = self.arch.head_dim
+        plain = all(layer.self_attn.options.plain for layer in self.layers)
+        if attention_backend != "triton" or not plain or head_dim < 16 \
+                or head_dim & (head_dim - 1):
+            raise ValueError("--batch-invariant needs --attention-backend triton and a model "
+                             "whose attention the Triton kernel takes (plain causal, a power-of-"
+                             f"two head size; this one: {head_dim}, plain={plain}): SDPA's "
+                             "results depend on the query's width")
         triton_backend.check_available()
         for module in self.modules():
             if isinstance(module, Linear):

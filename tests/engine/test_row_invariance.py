@@ -43,6 +43,9 @@ def test_batch_invariance_is_refused_where_it_cannot_hold(tiny_chat_model_folder
     with pytest.raises(ValueError, match="--batch-invariant on CPU needs --dtype float32"):
         make_llm(str(tiny_chat_model_folder), device="cpu", dtype="bfloat16",
                  batch_invariant=True, speculative_method="none")
+    with pytest.raises(ValueError, match="--batch-invariant takes at most 15 speculative"):
+        make_llm(str(tiny_chat_model_folder), device="cpu", batch_invariant=True,
+                 speculative_method="suffix", num_speculative_tokens=16)
     llm = make_llm(str(tiny_chat_model_folder), device="cpu", batch_invariant=True,
                    speculative_method="none")
     assert not any(getattr(m, "row_invariant", False) for m in llm.engine.runner.model.modules())
