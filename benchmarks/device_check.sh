@@ -11,6 +11,7 @@
 #   benchmarks/device_check.sh model run             # carry .gpu/c: suite in shards, benchmarks
 #   benchmarks/device_check.sh model gpu_tests profile   # carry .gpu/c: issue 45's checks
 #   benchmarks/device_check.sh model invariance_check    # carry .gpu/c: bfloat16 row invariance
+#   benchmarks/device_check.sh wheels tiles   # one call, no model: the invariant product's tiles
 #   benchmarks/device_check.sh wheels trace   # one call, no model pieces: carry .whl and
 #       .gpu/smol (the default model's config and tokenizer files, copied from its folder in
 #       the cache, ~/.cache/specserve/gguf/SmolLM2-*): what holds the host in an overlapped step
@@ -214,6 +215,18 @@ invariance_check() {
         --output "$OUT/real_size_invariant_${gpu}.json" >>"$log" 2>&1
     echo "== real_size rc $?"
     grep -E "Error|Traceback" "$log" | head -10
+}
+
+# The row-invariant product's tiles (benchmarks/experiments/invariant_tiles.py): 48 candidates
+# a weight shape of SmolLM2 and Llama-3-8B at 1, 8 and 64 rows beside cuBLAS, each checked for
+# row invariance; the fastest invariant ones go into invariant_linear.tiles_for. Not yet run.
+tiles() {
+    local gpu
+    gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+    timeout "${BENCH_S:-300}" python3 -m benchmarks.experiments.invariant_tiles \
+        --output "$OUT/invariant_tiles_${gpu}.json" >"$OUT/tiles.log" 2>&1
+    echo "== invariant_tiles rc $?"
+    grep -E "Error|Traceback" "$OUT/tiles.log" | head -5
 }
 
 # The GPU tests of what issue 45 changed: fused ops, Triton attention, padded steps, lossless

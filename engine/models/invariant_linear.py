@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -33,7 +34,7 @@ import torch
 # run the LM head inside their graph stop at the same 64 rows).
 MAX_ROWS = 64
 BLOCK_ROWS = 16  # fixed: a tile of another height may accumulate in another order
-BLOCK_INNER = 64  # the inner dimension's chunk, summed in order
+BLOCK_INNER = 64  # the inner dimension's chunk, summed in order (the default tiles')
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -45,11 +46,27 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and (x.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"))
 
 
+@dataclass(frozen=True)
+class Tiles:
+    """How a product is cut: chosen from the weight's shape, never from the row count."""
+
+    block_n: int  # output columns a program computes
+    block_k: int = BLOCK_INNER  # inner columns summed a step
+    num_warps: int = 4
+    num_stages: int = 3
+
+
 def block_columns(out_features: int) -> int:
     """Output columns per program, from the weight's shape only: enough programs to spread a
     one-row product over the GPU (~64 and up), at most 128 columns each."""
     per_64 = max(out_features // 64, 1)
     return min(128, max(16, 1 << (per_64.bit_length() - 1)))
+
+
+def tiles_for(out_features: int, in_features: int) -> Tiles:
+    """The tiles a weight of this shape runs with. Untuned (one loan measured them):
+    benchmarks/experiments/invariant_tiles.py times the candidates on a GPU."""
+    return Tiles(block_columns(out_features))
 
 
 @functools.cache
@@ -96,6 +113,7 @@ def linear(x: torch.Tensor,  # [rows, in], unit stride in `in`
            weight: torch.Tensor,  # [out, in], unit stride in `in`
            bias: torch.Tensor | None = None,  # [out]
            residual: torch.Tensor | None = None,  # [rows, out], added before rounding
+           tiles: Tiles | None = None,  # None: tiles_for(weight's shape)
            ) -> torch.Tensor:  # [rows, out]: x W^T + bias + residual, in x's dtype
     num_rows, in_features = x.shape
     out_features = weight.shape[0]
@@ -105,14 +123,15 @@ def linear(x: torch.Tensor,  # [rows, in], unit stride in `in`
     out = x.new_empty(num_rows, out_features)
     if num_rows == 0:
         return out
-    block_n = block_columns(out_features)
-    grid = (-(-out_features // block_n), -(-num_rows // BLOCK_ROWS))
+    tiles = tiles or tiles_for(out_features, in_features)
+    grid = (-(-out_features // tiles.block_n), -(-num_rows // BLOCK_ROWS))
     _kernel()[grid](
         x, weight, bias if bias is not None else out, residual if residual is not None else out,
         out, num_rows, out_features, in_features, x.stride(0), weight.stride(0),
         residual.stride(0) if residual is not None else 0, out.stride(0),
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, BLOCK_M=BLOCK_ROWS,
-        BLOCK_N=block_n, BLOCK_K=BLOCK_INNER,
-        # float32 (the interpreter's checks) stays float32, not TF32
-        PRECISION="ieee" if x.dtype == torch.float32 else None)
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        # float32 stays float32, not TF32
+        PRECISION="ieee" if x.dtype == torch.float32 else None,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return out
