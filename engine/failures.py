@@ -30,7 +30,7 @@ def verify_step(requests: Sequence, row_starts: Sequence[int], logits: torch.Ten
     whose verification fails alone recorded in `failed` and emitting nothing. The NaN check is
     read with the step's tokens: no second wait for the device."""
     faults.corrupt_logits(requests, row_starts, logits)
-    nan_flags = zero_nan_rows(logits)
+    nan_flags = zero_nan_rows(logits, not all(r.sampling_params.greedy for r in requests))
 
     def verify(some, starts):
         faults.raise_if("row_error", some)

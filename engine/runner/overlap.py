@@ -115,12 +115,12 @@ class OverlappedSteps:
         row_starts = model_input.logits_row_starts
         _hidden, logits = runner.run(model_input)
         # As a synchronous step does (failures.verify_step): a request with a NaN row fails
-        # alone, and the row is zeroed first, so sampling it cannot draw an id past the
-        # vocabulary that the next step would feed the model.
+        # alone, and where the batch samples the row is zeroed first, so sampling it cannot
+        # draw an id past the vocabulary that the next step would feed the model.
         engine.faults.corrupt_logits(requests, row_starts, logits)
-        nan_flags = zero_nan_rows(logits)
-        tokens = runner.greedy_tokens(model_input, logits) if all(
-            r.sampling_params.greedy for r in requests) else None
+        all_greedy = all(r.sampling_params.greedy for r in requests)
+        nan_flags = zero_nan_rows(logits, not all_greedy)
+        tokens = runner.greedy_tokens(model_input, logits) if all_greedy else None
         if tokens is None:
             tokens = sample_on_device(requests, row_starts, logits, engine.generator)
         if any(r.sampling_params.logprobs is not None for r in requests):

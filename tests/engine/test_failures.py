@@ -47,14 +47,22 @@ def test_a_failure_of_every_request_or_out_of_memory_is_no_ones():
                         _requests(3), [0, 1, 2], {})
 
 
-def test_nan_rows_fail_their_request_and_are_zeroed():
+def test_nan_rows_fail_their_request_and_are_zeroed_where_the_batch_samples():
     requests = _requests(3)
     logits = torch.randn(3, 8)
     logits[1, 4] = float("nan")
-    flags = zero_nan_rows(logits)
+    greedy = logits.clone()
+    flags = zero_nan_rows(logits, any_sampled=True)
     assert not torch.isnan(logits).any() and logits[1].eq(0).all() and logits[0].ne(0).all()
     assert set(nan_requests(requests, [0, 1, 2], flags.read())) == {"r1"}
-    clean = zero_nan_rows(torch.randn(3, 8))  # negative control
+    # an all-greedy batch: flagged alike, its logits left as they are (an argmax stays in the
+    # vocabulary and in its row)
+    before = greedy.clone()
+    flags = zero_nan_rows(greedy, any_sampled=False)
+    assert set(nan_requests(requests, [0, 1, 2], flags.read())) == {"r1"}
+    assert torch.equal(greedy.nan_to_num(), before.nan_to_num()) and greedy[1, 4].isnan()
+    assert 0 <= int(greedy.argmax(dim=-1)[1]) < greedy.shape[1]
+    clean = zero_nan_rows(torch.randn(3, 8), any_sampled=True)  # negative control
     assert nan_requests(requests, [0, 1, 2], clean.read()) == {}
 
 
