@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.machine import device_facts
+from benchmarks.real_size import timed
 from engine.models import invariant_linear
 from engine.models.invariant_linear import Tiles
 
@@ -44,24 +44,6 @@ def candidates() -> list[Tiles]:
             in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8), (3, 4))]
 
 
-def median_seconds(function, device: torch.device, iters: int) -> float:
-    function()  # compiles on first use
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            function()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            began = time.perf_counter()
-            function()
-            times.append(time.perf_counter() - began)
-    return statistics.median(times)
-
-
 def row_invariant(weight: torch.Tensor, x: torch.Tensor, tiles: Tiles) -> bool:
     alone = invariant_linear.linear(x[:1], weight, tiles=tiles)
     return all(torch.equal(invariant_linear.linear(x[:rows], weight, tiles=tiles)[:1], alone)
@@ -74,13 +56,13 @@ def sweep_shape(out_features: int, in_features: int, tiles_list: list[Tiles], de
     weight = (torch.randn(out_features, in_features, generator=generator)
               / in_features ** 0.5).to(device, dtype)
     x = torch.randn(max(ROWS), in_features, generator=generator).to(device, dtype)
-    cublas = {rows: median_seconds(lambda r=rows: F.linear(x[:r], weight), device, iters)
+    cublas = {rows: timed(lambda r=rows: F.linear(x[:r], weight), device, iters)
               for rows in ROWS}
     default = invariant_linear.tiles_for(out_features, in_features)
     results = []
     for tiles in dict.fromkeys([default, *tiles_list]):
         try:
-            ms = {rows: 1e3 * median_seconds(
+            ms = {rows: 1e3 * timed(
                 lambda r=rows: invariant_linear.linear(x[:r], weight, tiles=tiles), device, iters)
                 for rows in ROWS}
         except Exception as error:  # a tiling the compiler refuses (shared memory, registers)
@@ -88,8 +70,8 @@ def sweep_shape(out_features: int, in_features: int, tiles_list: list[Tiles], de
             continue
         results.append({"tiles": tiles.__dict__, "ms": ms, "default": tiles == default,
                         "row_invariant": row_invariant(weight, x, tiles)})
-    timed = [r for r in results if "ms" in r and r["row_invariant"]]
-    best = min(timed, key=lambda r: (r["ms"][1], r["ms"][64]), default=None)
+    invariant = [r for r in results if "ms" in r and r["row_invariant"]]
+    best = min(invariant, key=lambda r: (r["ms"][1], r["ms"][64]), default=None)
     return {"weight_bytes": weight.numel() * weight.element_size(),
             "cublas_ms": {rows: 1e3 * s for rows, s in cublas.items()},
             "best": best, "candidates": results}
