@@ -33,16 +33,14 @@ def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def triton_ops_enabled() -> bool:
-    """Triton importable, and the torch path not asked for (SPECSERVE_DISABLE_TRITON_OPS=1)."""
+def _available() -> bool:
     return os.environ.get("SPECSERVE_DISABLE_TRITON_OPS") != "1" and _triton_installed()
 
 
 def ops_for(x: torch.Tensor):
     """This module where its kernels apply to tensors like `x`, else None."""
     on_device = x.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-    if on_device and x.dtype in (torch.float32, torch.bfloat16, torch.float16) \
-            and triton_ops_enabled():
+    if on_device and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and _available():
         return TritonOps
     return None
 
