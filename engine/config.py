@@ -136,6 +136,9 @@ class SpeculativeConfig:
     suffix_cache_scope: str = "tenant"  # "global": every tenant drafts from every output
     suffix_cache_prompts: bool = False
     adaptive: bool = True  # False: always draft K tokens (for measurements)
+    # A prompt's last chunk verifies drafts too (engine/spec_decode/prefill_drafts.py). None:
+    # wherever that is lossless and the method guesses from tokens alone (ngram, suffix on CPU).
+    draft_at_prefill: bool | None = None
 
     def __post_init__(self) -> None:
         if self.speculative_method not in SPECULATIVE_METHODS:

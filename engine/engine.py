@@ -42,6 +42,7 @@ from engine.runner.overlap import OverlappedSteps
 from engine.runner.static_runner import StaticStepRunner, uses_padded_steps
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.factory import build_speculation
+from engine.spec_decode.prefill_drafts import drafts_at_prefill
 from engine.spec_decode.speculation import Speculation
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ class LLMEngine:
             self.speculation = Speculation(*build_speculation(config.speculative, self))
             if self.proposer.keeps_own_kv:  # its KV may lag the target's: keep every block
                 self.block_manager.window = None
+        self.scheduler.draft_at_prefill = drafts_at_prefill(
+            config.speculative.draft_at_prefill, self.proposer, self.device, self.dtype)
         self.overlap = OverlappedSteps.for_engine(self)  # refuses before the graphs' capture
         if self.static_runner is not None:  # after speculation: a head may widen the outputs
             self.static_runner.capture_graphs()

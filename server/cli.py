@@ -68,6 +68,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-speculative-tokens", type=int, default=None,
                    help="most draft tokens per step; fewer when speculation does not pay "
                         "(default: 15 for suffix and auto, 5 otherwise)")
+    p.add_argument("--draft-at-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="a prompt's last chunk verifies drafts too (default: where lossless)")
     p.add_argument("--draft-model", default=None,
                    help="draft model for --speculative-method draft (HF folder or .gguf)")
     p.add_argument("--draft-head", default=None,
@@ -198,8 +200,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching,
         speculative_method=args.speculative_method,
         num_speculative_tokens=args.num_speculative_tokens, draft_model=args.draft_model,
-        draft_layers=args.draft_layers, draft_layer_ids=args.draft_layer_ids,
-        draft_head=args.draft_head, eagle_ngram_min=args.eagle_ngram_min, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
+        draft_at_prefill=args.draft_at_prefill, draft_layers=args.draft_layers,
+        draft_layer_ids=args.draft_layer_ids, draft_head=args.draft_head,
+        eagle_ngram_min=args.eagle_ngram_min, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
         suffix_max_depth=args.suffix_max_depth,
         suffix_max_spec_factor=args.suffix_max_spec_factor,
         suffix_min_token_prob=args.suffix_min_token_prob,

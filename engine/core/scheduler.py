@@ -62,6 +62,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.spec_stats = SpecStats()  # all requests, since start
+        # A prompt's last chunk may carry draft slots too (engine/spec_decode/prefill_drafts.py)
+        self.draft_at_prefill = False
 
     # ------------------------------------------------------------------ intake
     def add(self, request: Request) -> None:
@@ -90,8 +92,9 @@ class Scheduler:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             num_lookahead = 0
-            if lookahead is not None and num_new == 1:
-                num_lookahead = min(lookahead(request), budget - 1, self._room_left(request))
+            if lookahead is not None and (num_new == 1 or self._drafts_after(request, num_new)):
+                num_lookahead = min(lookahead(request), budget - num_new,
+                                    self._room_left(request))
             if not self._reserve_or_preempt(request, num_new + num_lookahead, out):
                 break  # the request itself was the newest and got preempted
             out.scheduled.append(self._scheduled(request, num_new, num_lookahead))
@@ -101,17 +104,25 @@ class Scheduler:
         while (not out.preempted and self.waiting and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[0]
-            num_new = self._admit(request, budget)
-            if num_new is None:
+            admitted = self._admit(request, budget, lookahead)
+            if admitted is None:
                 break
+            num_new, num_lookahead = admitted
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = time.monotonic()
-            out.scheduled.append(self._scheduled(request, num_new))
-            budget -= num_new
+            out.scheduled.append(self._scheduled(request, num_new, num_lookahead))
+            budget -= num_new + num_lookahead
         return out
+
+    def _drafts_after(self, request: Request, num_new: int) -> bool:
+        """Whether a chunk of `num_new` tokens that ends the request's prompt (or its
+        recomputed tokens) carries draft slots after it. A grammar request drafts from its
+        first decode step on (its forced tokens follow the grammar's state after each token)."""
+        return (self.draft_at_prefill and num_new > 1 and request.grammar is None
+                and request.num_computed_tokens + num_new == request.num_tokens)
 
     def _scheduled(self, request: Request, num_new: int, num_lookahead: int = 0):
         reaches_end = request.num_computed_tokens + num_new == request.num_tokens
@@ -132,19 +143,24 @@ class Scheduler:
                 return False
         return True
 
-    def _admit(self, request: Request, budget: int) -> int | None:
-        """Reserves blocks for the first chunk of a waiting request, reusing cached prefix blocks.
-        Returns the number of tokens to feed, or None when blocks are short."""
+    def _admit(self, request: Request, budget: int,
+               lookahead: Callable[[Request], int] | None) -> tuple[int, int] | None:
+        """Reserves blocks for the first chunk of a waiting request, reusing cached prefix blocks,
+        and for drafts after it where it ends the prompt (`_drafts_after`). Returns the number
+        of tokens to feed and of draft slots, or None when blocks are short."""
         cached_blocks = self.block_manager.find_cached_prefix(request)
         num_cached = len(cached_blocks) * self.block_manager.block_size
         request.num_computed_tokens = num_cached
         num_new = min(request.num_tokens - num_cached, budget)
-        if not self.block_manager.allocate(request, num_new, cached_blocks):
+        num_lookahead = 0
+        if lookahead is not None and self._drafts_after(request, num_new):
+            num_lookahead = min(lookahead(request), budget - num_new, self._room_left(request))
+        if not self.block_manager.allocate(request, num_new + num_lookahead, cached_blocks):
             request.num_computed_tokens = 0
             return None
         request.num_cached_prompt_tokens = num_cached
         self.block_manager.record_prefix_lookup(request.num_tokens, num_cached)
-        return num_new
+        return num_new, num_lookahead
 
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request)

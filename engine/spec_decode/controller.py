@@ -83,7 +83,8 @@ class SpeculationController:
              num_other_units: float,
              padded_tokens: Callable[[int], int] | None = None,
              free: Sequence[bool] | None = None,
-             num_other_rows: int | None = None) -> list[int]:
+             num_other_rows: int | None = None,
+             positions: Sequence[int] | None = None) -> list[int]:
         """Draft tokens per request for this step. `num_other_units`: what the rows fed anyway
         cost (each request's last token, its attention and its cache read; step_cost.py). A
         draft row of request r is priced by its attention over r's context
@@ -98,17 +99,21 @@ class SpeculationController:
         agent loops, re-sending their histories, ran at 0.86x `none`. `padded_tokens`, for a step
         that will run padded (static_runner.py): the rows it computes when its longest request
         drafts L tokens. `free[i]`: request i's drafts cost no drafting this step (an EAGLE
-        request proposing a copy), only their verified rows."""
+        request proposing a copy), only their verified rows. `positions[i]`: where request i's
+        fed token sits, its drafts after it (default: its computed tokens; a prompt's last
+        chunk feeds more than one token before its drafts: prefill_drafts.py)."""
         if not self.adaptive:
             return list(max_ks)
         estimates = [r.acceptance.estimate(self.prior_acceptance) for r in requests]
         free = list(free) if free is not None else [False] * len(requests)
+        if positions is None:
+            positions = [r.num_computed_tokens for r in requests]
         if padded_tokens is not None:
-            ks = self._plan_by_depth(requests, estimates, max_ks, num_other_units,
+            ks = self._plan_by_depth(positions, estimates, max_ks, num_other_units,
                                      padded_tokens, free)
         else:
             rows = len(requests) if num_other_rows is None else num_other_rows
-            ks = self._plan_greedy(requests, estimates, max_ks, num_other_units, rows, free)
+            ks = self._plan_greedy(positions, estimates, max_ks, num_other_units, rows, free)
         ks = self._probe_now_and_then(ks, estimates, max_ks)
         ks = self._probe_long_now_and_then(requests, ks, estimates, max_ks)
         for request, k in zip(requests, ks):
@@ -174,7 +179,7 @@ class SpeculationController:
         probe[likeliest] = max_ks[likeliest]
         return probe
 
-    def _plan_by_depth(self, requests: Sequence[Request], estimates: Sequence[float],
+    def _plan_by_depth(self, positions: Sequence[int], estimates: Sequence[float],
                        max_ks: Sequence[int], num_other_units: float,
                        padded_tokens: Callable[[int], int], free: Sequence[bool]) -> list[int]:
         """A padded step pads every sequence to its longest query, so its cost depends on the
@@ -188,8 +193,7 @@ class SpeculationController:
 
         def units(ks: Sequence[int]) -> float:  # the padded rows, and the drafts' attention
             return (num_other_units + shape(padded_tokens(max(ks))) - shape(padded_tokens(0))
-                    + per_key * sum(attended_keys(r.num_computed_tokens + 1, k)
-                                    for r, k in zip(requests, ks)))
+                    + per_key * sum(attended_keys(p + 1, k) for p, k in zip(positions, ks)))
 
         best_ks = [0] * len(estimates)
         best_rate = (1 + MIN_PLAN_GAIN) * len(estimates) / self.step_cost(num_other_units)
@@ -209,7 +213,7 @@ class SpeculationController:
                     best_ks, best_rate = ks, rate
         return best_ks
 
-    def _plan_greedy(self, requests: Sequence[Request], estimates: Sequence[float],
+    def _plan_greedy(self, positions: Sequence[int], estimates: Sequence[float],
                      max_ks: Sequence[int], num_other_units: float, num_other_rows: int,
                      free: Sequence[bool]) -> list[int]:
         """A flat step costs by the rows it feeds: drafts are lined up one at a time, the
@@ -233,7 +237,7 @@ class SpeculationController:
             order.append(i)
             if not free[i]:
                 drafted, longest = drafted + 1, max(longest, ks[i])
-            units += self.step_cost.draft_units(requests[i].num_computed_tokens, ks[i], rows)
+            units += self.step_cost.draft_units(positions[i], ks[i], rows)
             rows += 1
             gains += gain
             rate = gains / (self.step_cost(units) + self.draft_cost(drafted, longest))

@@ -117,6 +117,7 @@ class NgramProposer(Proposer):
     name = "ngram"
     continues_drafts = True
     sits_out_steps = True
+    drafts_at_prefill = True
 
     def __init__(self, ngram_max: int = 4, ngram_min: int = 1):
         if not 1 <= ngram_min <= ngram_max:

@@ -31,6 +31,10 @@ class Proposer(ABC):
     # the target's features) that must see every step: then steps it drafts nothing for may
     # run quiet and overlap (quiet_steps.py). A draft model or head must see every token.
     sits_out_steps: bool = False
+    # Whether it can guess the first tokens of the answer from the prompt alone, so that a
+    # prompt's last chunk verifies them in the same step (prefill_drafts.py): a lookup in the
+    # tokens can; a draft model or head must first see the prompt's own step.
+    drafts_at_prefill: bool = False
 
     @abstractmethod
     def propose(self, requests: Sequence[Request], num_tokens: Sequence[int]) -> Proposal:

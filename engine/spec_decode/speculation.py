@@ -47,8 +47,10 @@ class Speculation:
         free = [self.proposer.drafts_are_free(r) for r in requests]
         # drafts not set yet: the decode rows are each request's own token
         decode_rows = [s for s in plan.scheduled if s.num_new_tokens == 1]
+        # the fed token's position: a prompt's last chunk (prefill_drafts.py) feeds several
+        positions = [s.request.num_computed_tokens + s.num_new_tokens - 1 for s in decoding]
         ks = self.controller.plan(requests, max_ks, self._decode_units(decode_rows),
-                                  padded_tokens, free, len(decode_rows))
+                                  padded_tokens, free, len(decode_rows), positions)
         self.controller.after_plan(requests, max_ks, ks)
         constrained = any(r.grammar is not None for r in requests)
         if not any(ks) and not constrained:

@@ -79,6 +79,7 @@ class SuffixProposer(Proposer):
     name = "suffix"
     continues_drafts = True
     sits_out_steps = True
+    drafts_at_prefill = True
 
     def __init__(self, settings: SuffixSettings, cache: GlobalSuffixCache):
         self.settings = settings

@@ -61,6 +61,16 @@ def test_suffix_flags_map_onto_the_engine_config():
             engine_config_from_args(build_parser().parse_args(["serve", *flags]))
 
 
+def test_draft_at_prefill_is_auto_unless_a_flag_says():
+    """None lets the engine decide where it is lossless (prefill_drafts.py); either flag is
+    carried as said, so that asking for it where it cannot be is refused at start."""
+    def parsed(*flags):
+        args = build_parser().parse_args(["serve", *flags])
+        return engine_config_from_args(args).speculative.draft_at_prefill
+    assert (parsed(), parsed("--draft-at-prefill"), parsed("--no-draft-at-prefill")) == \
+        (None, True, False)
+
+
 def test_defaults_serve_the_default_model_with_ngram_speculation(monkeypatch):
     monkeypatch.delenv("SPECSERVE_API_KEY", raising=False)
     args = build_parser().parse_args(["serve"])

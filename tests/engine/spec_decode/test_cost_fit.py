@@ -121,15 +121,18 @@ def test_a_prefill_chunk_in_the_step_does_not_make_drafts_look_cheap():
     assert sum(planned(with_chunk=True, chunk_as_decode=True)) > sum(alone)
 
 
-def _planned_at(context: int, row_key_units: float) -> int:
+def _planned_at(context: int, row_key_units: float, computed: int | None = None) -> int:
+    """Drafts planned for a request whose fed token sits at `context`, with `computed` tokens
+    computed before the step (default: all but that token; fewer for a prompt's last chunk)."""
     cost = LinearCostModel(fixed=0.004, per_unit=0.001, row_key_units=row_key_units)
     controller = SpeculationController(MAX_K, True, cost, DraftCost(per_step=False))
     request = Request("r", list(range(context + 1)), SamplingParams())
-    request.num_computed_tokens = context
+    request.num_computed_tokens = context if computed is None else computed
     for _ in range(30):
         controller.observe_verification(request, MAX_K, 2)
     assert 0.3 < request.acceptance.estimate(controller.prior_acceptance) < 0.7
-    (k,) = controller.plan([request], [MAX_K], cost.request_units(context, 1))
+    (k,) = controller.plan([request], [MAX_K], cost.request_units(context, 1),
+                           positions=None if computed is None else [context])
     return k
 
 
@@ -140,6 +143,13 @@ def test_a_draft_row_is_priced_by_the_context_it_attends():
     assert _planned_at(10, row_key_units=0.01) > 0
     assert _planned_at(1000, row_key_units=0.01) == 0
     assert _planned_at(1000, row_key_units=0.0) > 0
+
+
+def test_a_prompts_last_chunk_prices_its_drafts_where_they_sit():
+    """Drafts after a 990-token chunk that starts at position 10 sit behind 1,000 keys, and are
+    priced there (prefill_drafts.py), not at the 10 tokens computed before the step."""
+    assert _planned_at(1000, row_key_units=0.01, computed=10) == 0
+    assert _planned_at(10, row_key_units=0.01, computed=10) > 0  # control: the same, short
 
 
 def test_the_start_up_curve_prices_a_kernel_chunk_once():
