@@ -10,7 +10,8 @@ Speculation: a request that is decoding (exactly one token, its last, not yet co
 `num_lookahead` extra KV slots reserved for draft tokens. The proposer fills them after
 scheduling; the verify step then feeds the last token plus the drafts, and `update_from_output`
 keeps the accepted ones: rejected drafts are uncomputed again by lowering `num_computed_tokens`
-and their now-empty blocks go back to the free list.
+and their now-empty blocks go back to the free list. Where `draft_at_prefill` is set, a chunk
+that ends a prompt gets draft slots too (engine/spec_decode/prefill_drafts.py).
 """
 
 from __future__ import annotations
