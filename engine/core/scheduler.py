@@ -120,9 +120,10 @@ class Scheduler:
 
     def _drafts_after(self, request: Request, num_new: int) -> bool:
         """Whether a chunk of `num_new` tokens that ends the request's prompt (or its
-        recomputed tokens) carries draft slots after it. A grammar request drafts from its
-        first decode step on (its forced tokens follow the grammar's state after each token)."""
-        return (self.draft_at_prefill and num_new > 1 and request.grammar is None
+        recomputed tokens; one token where the prefix cache held the rest) carries draft slots
+        after it. A grammar request drafts from its first decode step on (its forced tokens
+        follow the grammar's state after each token)."""
+        return (self.draft_at_prefill and request.grammar is None
                 and request.num_computed_tokens + num_new == request.num_tokens)
 
     def _scheduled(self, request: Request, num_new: int, num_lookahead: int = 0):

@@ -108,6 +108,21 @@ def test_scheduler_reserves_draft_slots_only_after_a_prompts_last_chunk():
     assert [s.num_lookahead for s in off.schedule(lambda request: 4).scheduled] == [0]
 
 
+def test_a_prompt_the_prefix_cache_holds_but_its_last_token_gets_draft_slots():
+    """Admitted with one token left to feed (a repeated prompt), a request gets slots as a
+    decoding one does; without drafts at prefill an admitted request never had them."""
+    for flag, expected in ((True, 4), (False, 0)):
+        scheduler = make_scheduler(budget=32)
+        scheduler.draft_at_prefill = flag
+        scheduler.add(make_request("first", 9))
+        out = scheduler.schedule(lambda request: 4)
+        scheduler.update_from_output(out, [[3]])  # its prompt's blocks are cached now
+        scheduler.add(make_request("again", 9))
+        out = scheduler.schedule(lambda request: 4)
+        again = next(s for s in out.scheduled if s.request.request_id == "again")
+        assert (again.num_new_tokens, again.num_lookahead) == (1, expected)
+
+
 def test_where_it_would_not_be_lossless_it_is_off_and_refused_when_asked():
     ngram = NgramProposer()
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
