@@ -28,6 +28,20 @@ SHAPES = ((1, 1, 500), (1, 4, 500), (1, 16, 100), (1, 16, 500), (16, 1, 500), (1
           (1, 70, 400))  # (requests, rows each, keys each)
 
 
+def format_shapes(shapes) -> str:
+    return ",".join(f"{n}x{rows}@{keys}" for n, rows, keys in shapes)
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """'1x16@1700,1x1@250' -> [(1, 16, 1700), (1, 1, 250)]: the shapes' names in the report."""
+    shapes = []
+    for item in text.split(","):
+        seqs_rows, keys = item.split("@")
+        num_seqs, rows = seqs_rows.split("x")
+        shapes.append((int(num_seqs), int(rows), int(keys)))
+    return shapes
+
+
 def measure_shape(ops, num_seqs: int, rows_each: int, keys: int, calls: int,
                   rounds: int) -> tuple[float, str]:
     """(fastest ms of one call, sha256 of its output)."""
@@ -62,7 +76,7 @@ def measure(args) -> dict:
     ops = load_kernel()
     query_block = ops.attention_query_block() if hasattr(ops, "attention_query_block") else 1
     shapes = {}
-    for num_seqs, rows_each, keys in SHAPES:
+    for num_seqs, rows_each, keys in parse_shapes(args.shapes):
         ms, digest = measure_shape(ops, num_seqs, rows_each, keys, args.calls, args.rounds)
         shapes[f"{num_seqs}x{rows_each}@{keys}"] = {"ms_per_layer": round(ms, 4), "sha256": digest}
     return {"threads": torch.get_num_threads(), "query_block": query_block, "shapes": shapes}
@@ -74,7 +88,8 @@ def run_tree(tree: Path, cache_dir: str | None, args) -> dict:
     from benchmarks.machine import measure_in_tree
 
     return measure_in_tree(Path(__file__).resolve(), tree,
-                           ["--calls", str(args.calls), "--rounds", str(args.rounds)],
+                           ["--calls", str(args.calls), "--rounds", str(args.rounds),
+                            "--shapes", args.shapes],
                            {"SPECSERVE_CACHE_DIR": cache_dir} if cache_dir else None)
 
 
@@ -94,6 +109,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--output")
+    parser.add_argument("--shapes", default=format_shapes(SHAPES),
+                        help="requests x rows each @ keys each, comma-separated "
+                             "(default: %(default)s)")
     parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure_only:
