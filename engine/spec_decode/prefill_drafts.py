@@ -22,11 +22,10 @@ from engine.quant.kernels import cpu_ops_on
 
 
 def chunks_are_row_invariant(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether a prefill chunk's rows compute what decode rows compute, bit for bit."""
-    try:
-        return cpu_ops_on(device, dtype) is not None
-    except (OSError, RuntimeError, ImportError):  # no compiler for the kernels: the torch path
-        return False
+    """Whether a prefill chunk's rows compute what decode rows compute, bit for bit: where the
+    CPU kernels apply (without a compiler they do not build, and the torch path's SDPA takes
+    the chunk)."""
+    return cpu_ops_on(device, dtype) is not None
 
 
 def drafts_at_prefill(requested: bool | None, proposer, device: torch.device,
