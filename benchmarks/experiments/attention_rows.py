@@ -7,8 +7,12 @@ decoding requests, a prefill chunk behind a cached prefix, the fastest of `--rou
 worktree and runs this script there as a subprocess, with its own kernel build (its own
 SPECSERVE_CACHE_DIR), the trees taking turns `--repeats` times; the medians are reported, and
 whether both trees' outputs were bitwise the same (each run hashes its outputs). Prints JSON.
+By default a shape's calls repeat one layer's cache, which stays in cache; `--from-memory` cycles
+over the model's 30 layers' caches, as a step does, so that long contexts read their keys and
+values from memory (a one-row decode at 1,700 keys: 78 MB a step, over twice the L3 of an EPYC).
 
     python -m benchmarks.experiments.attention_rows [--baseline HEAD~2] [--repeats 3]
+        [--from-memory] [--shapes 1x1@1700,16x1@500]
 
 Figures: docs/performance/vs-llamacpp.md (attention in query blocks).
 """
@@ -43,29 +47,33 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
 
 
 def measure_shape(ops, num_seqs: int, rows_each: int, keys: int, calls: int,
-                  rounds: int) -> tuple[float, str]:
-    """(fastest ms of one call, sha256 of its output)."""
+                  rounds: int, layers: int = 1) -> tuple[float, str]:
+    """(fastest ms of one call, sha256 of its output). With `layers` > 1 the calls cycle over
+    that many caches, as a step goes through its layers: past a few hundred keys a step's keys
+    and values then come from memory, not from cache, as they do when serving."""
     import torch
 
     gen = torch.Generator().manual_seed(num_seqs * 1000 + rows_each * 10 + keys)
     blocks_each = -(-keys // BLOCK_SIZE)
     num_blocks = num_seqs * blocks_each
-    k_cache = torch.randn(num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen)
-    v_cache = torch.randn(num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen)
+    caches = [(torch.randn(num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen),
+               torch.randn(num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen))
+              for _ in range(layers)]
     q = torch.randn(num_seqs * rows_each, NUM_HEADS, HEAD_DIM, generator=gen)
-    args = (q, k_cache, v_cache, torch.arange(num_seqs * rows_each).view(num_seqs, rows_each),
+    rest = (torch.arange(num_seqs * rows_each).view(num_seqs, rows_each),
             torch.full((num_seqs,), rows_each), torch.full((num_seqs,), keys),
             torch.randperm(num_blocks, generator=gen).view(num_seqs, blocks_each),
             torch.empty_like(q))
-    for _ in range(10):
-        ops.paged_attention_small(*args)
+    calls = -(-calls // layers) * layers  # whole passes over the layers
+    for layer in range(max(10, layers)):
+        ops.paged_attention_small(q, *caches[layer % layers], *rest)
     best = float("inf")
     for _ in range(rounds):
         started = time.perf_counter()
-        for _ in range(calls):
-            ops.paged_attention_small(*args)
+        for call in range(calls):
+            ops.paged_attention_small(q, *caches[call % layers], *rest)
         best = min(best, (time.perf_counter() - started) / calls)
-    return best * 1e3, hashlib.sha256(args[-1].numpy().tobytes()).hexdigest()
+    return best * 1e3, hashlib.sha256(rest[-1].numpy().tobytes()).hexdigest()
 
 
 def measure(args) -> dict:
@@ -77,7 +85,8 @@ def measure(args) -> dict:
     query_block = ops.attention_query_block() if hasattr(ops, "attention_query_block") else 1
     shapes = {}
     for num_seqs, rows_each, keys in parse_shapes(args.shapes):
-        ms, digest = measure_shape(ops, num_seqs, rows_each, keys, args.calls, args.rounds)
+        ms, digest = measure_shape(ops, num_seqs, rows_each, keys, args.calls, args.rounds,
+                                   LAYERS if args.from_memory else 1)
         shapes[f"{num_seqs}x{rows_each}@{keys}"] = {"ms_per_layer": round(ms, 4), "sha256": digest}
     return {"threads": torch.get_num_threads(), "query_block": query_block, "shapes": shapes}
 
@@ -89,7 +98,8 @@ def run_tree(tree: Path, cache_dir: str | None, args) -> dict:
 
     return measure_in_tree(Path(__file__).resolve(), tree,
                            ["--calls", str(args.calls), "--rounds", str(args.rounds),
-                            "--shapes", args.shapes],
+                            "--shapes", args.shapes]
+                           + (["--from-memory"] if args.from_memory else []),
                            {"SPECSERVE_CACHE_DIR": cache_dir} if cache_dir else None)
 
 
@@ -112,6 +122,9 @@ def main() -> None:
     parser.add_argument("--shapes", default=format_shapes(SHAPES),
                         help="requests x rows each @ keys each, comma-separated "
                              "(default: %(default)s)")
+    parser.add_argument("--from-memory", action="store_true",
+                        help=f"cycle over {LAYERS} layers' caches, so that long contexts read "
+                             "their keys and values from memory as a real step does")
     parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure_only:
@@ -131,7 +144,7 @@ def main() -> None:
               "versions": our_versions(), "baseline": args.baseline, "repeats": args.repeats,
               "model_shape": {"heads": NUM_HEADS, "kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
                               "layers": LAYERS},
-              "results": results}
+              "from_memory": args.from_memory, "results": results}
     if baseline:
         this, base = results["this"], results["baseline"]
         report["baseline_over_this"] = {shape: round(base["ms_per_layer"][shape] / ms, 3)

@@ -23,6 +23,9 @@ void check_float_rows(const torch::Tensor& t, const char* name) {
 // it all (at 1 << 13, a batch-1 step splits from ~15 keys on; see git log for the figures).
 constexpr int64_t kParallelAttentionWork = 1 << 13;
 
+// Rows a request may have for its attention to be read-bound (see attend): up to a short verify.
+constexpr int64_t kStreamRows = 4;
+
 }  // namespace
 
 // Which query rows a step's requests own and where their keys are, from the attention metadata
@@ -83,19 +86,36 @@ void attend(const AttentionPlan& plan, const float* q, int64_t q_row_stride, con
     const int64_t group = num_heads / num_kv_heads, slot_stride = num_kv_heads * D;
     const VecOps ops = vec_ops(isa);
     const int64_t num_seqs = (int64_t)plan.request_rows.size() - 1;
-    // An item is a request's query heads on one KV head, for a chunk of its rows, sharing its key
-    // tiles. One thread computes an item, and a query's result never depends on the others in it
-    // (attend_heads), so a row's result is the same however rows are batched or split. Splitting
-    // costs a few microseconds: worth it only for enough multiply-adds.
-    //  - Where attend_heads blocks queries that share keys, an item holds the whole GQA group
-    //    (a row's heads see exactly the same keys), and a request's rows are cut into chunks
-    //    until there are two items a thread where the rows allow it.
+    // An item is a request's query heads on some of its KV heads, for a chunk of its rows,
+    // sharing their key tiles. One thread computes an item, and a query's result never depends
+    // on the others in it (attend_heads), so a row's result is the same however rows are batched
+    // or split. Splitting costs a few microseconds: worth it only for enough multiply-adds.
+    //  - Where every request has at most kStreamRows rows (decode, short verify), reading the
+    //    keys and values is the cost, not the arithmetic: an item holds all of a request's KV
+    //    heads, which lie side by side in each slot, so that their lines are read together. A
+    //    lone request's KV heads are shared out over the threads: 2 + 1 for 3 on two threads
+    //    read 1.3x faster than an item a KV head, 1.7x than one item (attention_rows
+    //    --from-memory, a one-row decode at 1,700 keys).
+    //  - Else, where attend_heads blocks queries that share keys, an item holds one KV head's
+    //    whole GQA group (a row's heads see exactly the same keys), and a request's rows are cut
+    //    into chunks until there are two items a thread where the rows allow it.
     //  - Else the whole GQA group where that leaves every thread two items, one head of it if not.
-    const int64_t threads = at::get_num_threads(), kv_items = num_seqs * num_kv_heads;
+    const int64_t threads = at::get_num_threads();
+    int64_t most_rows = 0;
+    for (int64_t s = 0; s < num_seqs; ++s)
+        most_rows = std::max(most_rows, plan.request_rows[s + 1] - plan.request_rows[s]);
+    const bool streaming = most_rows <= kStreamRows;
+    const int64_t kv_per_item =
+        !streaming ? 1
+        : num_seqs >= threads ? num_kv_heads
+                              : (num_kv_heads + threads / num_seqs - 1) / (threads / num_seqs);
+    const int64_t kv_groups = (num_kv_heads + kv_per_item - 1) / kv_per_item;
+    const int64_t kv_items = num_seqs * kv_groups;
     const bool blocked = ops.query_block > 1;
-    const int64_t heads_per_item = blocked || kv_items >= 2 * threads ? group : 1;
-    const int64_t chunks =
-        blocked ? std::max<int64_t>(1, (2 * threads + kv_items - 1) / kv_items) : 1;
+    const int64_t heads_per_item = streaming || blocked || kv_items >= 2 * threads ? group : 1;
+    const int64_t chunks = !streaming && blocked
+                               ? std::max<int64_t>(1, (2 * threads + kv_items - 1) / kv_items)
+                               : 1;
     const int64_t parts = group / heads_per_item;
     const int64_t items = kv_items * parts * chunks;
     const int64_t grain = plan.work * num_heads * D < kParallelAttentionWork ? items : 1;
@@ -103,9 +123,10 @@ void attend(const AttentionPlan& plan, const float* q, int64_t q_row_stride, con
         thread_local std::vector<float> scratch;
         thread_local std::vector<HeadQuery> queries;
         for (int64_t item = begin; item < end; ++item) {
-            const int64_t s = item / (num_kv_heads * parts * chunks);
-            const int64_t kvh = item / (parts * chunks) % num_kv_heads;
-            const int64_t first_head = kvh * group + item / chunks % parts * heads_per_item;
+            const int64_t s = item / (kv_groups * parts * chunks);
+            const int64_t first_kv = item / (parts * chunks) % kv_groups * kv_per_item;
+            const int64_t kv_count = std::min(kv_per_item, num_kv_heads - first_kv);
+            const int64_t head_offset = item / chunks % parts * heads_per_item;
             const int64_t chunk = item % chunks;
             const int64_t request_begin = plan.request_rows[s];
             const int64_t num_rows = plan.request_rows[s + 1] - request_begin;
@@ -114,20 +135,23 @@ void attend(const AttentionPlan& plan, const float* q, int64_t q_row_stride, con
             if (row_begin == row_end) continue;
             queries.clear();
             int64_t max_keys = 0;
-            for (int64_t r = row_begin; r < row_end; ++r) {
-                const AttentionPlan::Row& row = plan.rows[r];
-                max_keys = std::max(max_keys, row.num_keys - row.first_key);
-                for (int64_t h = first_head; h < first_head + heads_per_item; ++h)
-                    queries.push_back({q + row.index * q_row_stride + h * D,
-                                       out + row.index * out_row_stride + h * D, row.first_key,
-                                       row.num_keys});
-            }
+            for (int64_t kvh = first_kv; kvh < first_kv + kv_count; ++kvh)  // KV head by KV head
+                for (int64_t r = row_begin; r < row_end; ++r) {
+                    const AttentionPlan::Row& row = plan.rows[r];
+                    max_keys = std::max(max_keys, row.num_keys - row.first_key);
+                    const int64_t first_head = kvh * group + head_offset;
+                    for (int64_t h = first_head; h < first_head + heads_per_item; ++h)
+                        queries.push_back({q + row.index * q_row_stride + h * D,
+                                           out + row.index * out_row_stride + h * D,
+                                           row.first_key, row.num_keys});
+                }
             const int64_t need = attend_scratch_floats((int64_t)queries.size(), max_keys, D);
             if ((int64_t)scratch.size() < need) scratch.resize(need);
             const int64_t* slots = plan.slots.data() + plan.rows[row_begin].slot_start;
-            ops.attend_heads(queries.data(), (int64_t)queries.size(), D, form,
-                             PagedRows{k_cache + kvh * D, slots, slot_stride},
-                             PagedRows{v_cache + kvh * D, slots, slot_stride}, scratch.data());
+            ops.attend_heads(queries.data(), (int64_t)queries.size() / kv_count, kv_count, D,
+                             form, PagedRows{k_cache + first_kv * D, slots, slot_stride},
+                             PagedRows{v_cache + first_kv * D, slots, slot_stride},
+                             scratch.data());
         }
     });
 }
@@ -162,6 +186,9 @@ void register_paged_attention(pybind11::module& m) {
     m.def("attention_query_block", [](int64_t isa) { return vec_ops(isa).query_block; },
           "how many query heads attention takes at once where they share keys (1: one at a time)",
           py::arg("isa") = (int64_t)kAuto);
+    m.def("attention_stream_rows", [] { return kStreamRows; },
+          "the most rows a request may have for its step's attention to take all its KV heads "
+          "an item (a read-bound step: decode, short verify)");
     m.def("float_isa", &float_isa,
           "the float variant this process runs: 0 generic, 1 AVX2+FMA, 2 AVX-512");
 }

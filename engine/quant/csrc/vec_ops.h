@@ -37,10 +37,12 @@ struct ScoreForm {
 };
 
 struct VecOps {
-    // Query heads reading the same KV head (see attend_heads in attention_blocks_impl.h), with a
-    // scratch of attend_scratch_floats(count, max keys of one query, D) floats.
-    void (*attend_heads)(const HeadQuery* queries, int64_t count, int64_t D, ScoreForm form,
-                         const PagedRows& keys, const PagedRows& values, float* scratch);
+    // Query heads of kv_heads KV heads, `count` reading each (see attend_heads in
+    // attention_blocks_impl.h; keys.base and values.base at the first of them), with a scratch
+    // of attend_scratch_floats(count * kv_heads, max keys of one query, D) floats.
+    void (*attend_heads)(const HeadQuery* queries, int64_t count, int64_t kv_heads, int64_t D,
+                         ScoreForm form, const PagedRows& keys, const PagedRows& values,
+                         float* scratch);
     void (*silu_mul_row)(const float* gate, const float* up, float* out, int64_t n);
     // torch.argmax of one row: the first of ties, the first NaN if any.
     int64_t (*argmax_row)(const float* x, int64_t n);

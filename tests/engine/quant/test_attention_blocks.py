@@ -63,16 +63,23 @@ def _alone(ops, q_head, k_head, v_head, table, num_keys, **options):
 
 
 FORMS = {"plain": {}, "window": {"window": 90}}
+# (rows of each request, its context): a verify step of 16 rows beside a decode row and a
+# prefill-sized chunk (an item a KV head: blocks of rows and of a row's heads, cut into chunks for
+# the threads); decode and short verify rows only (an item holds all of a request's KV heads); a
+# lone request (its KV heads shared out over the threads).
+STEPS = {"mixed": ([16, 1, 40], [500, 130, 170]), "decode": ([1, 3, 1], [700, 130, 300]),
+         "lone": ([2], [500])}
 
 
+@pytest.mark.parametrize("step", list(STEPS))
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("head_dim", [64, 128, 24])
-def test_a_blocked_query_computes_what_it_computes_alone(ops, isa, threads, head_dim, form):
-    """A verify step of 16 rows at 500 keys (blocks of rows and of a row's heads, cut into chunks
-    for the threads), a decode row, and a prefill-sized chunk; a window that cuts key tiles so
-    that blocked queries share only part of a tile. Every query head of every row equals, bit for
-    bit, that query computed alone."""
-    query_lens, context_lens = [16, 1, 40], [500, 130, 170]
+def test_a_blocked_query_computes_what_it_computes_alone(ops, isa, threads, head_dim, form, step):
+    """The steps above, and a window that cuts key tiles so that blocked queries share only part
+    of a tile. Every query head of every row equals, bit for bit, that query computed alone."""
+    query_lens, context_lens = STEPS[step]
+    stream_rows = ops.attention_stream_rows()
+    assert (max(query_lens) <= stream_rows) == (step != "mixed"), "the steps no longer cover both"
     options = {**FORMS[form], "isa": isa}
     q, k_cache, v_cache, token_index, block_tables = attention_inputs(
         query_lens, context_lens, NUM_HEADS, NUM_KV_HEADS, head_dim, seed=head_dim)
