@@ -223,7 +223,9 @@ static void attend_heads(const HeadQuery* queries, int64_t count, int64_t kv_hea
     };
 #ifdef GGUF_KERNEL_X86_SIMD
     if (D % 8 == 0) {
-        const auto mine = [&](int64_t h) { return QueryScratch{scratch + h * count * stride, stride, D}; };
+        const auto mine = [&](int64_t h) {  // KV head h's queries' part of the scratch
+            return QueryScratch{scratch + h * count * stride, stride, D};
+        };
         const int64_t tiles_from = lowest / kKeyTile * kKeyTile;
         for (int64_t p = tiles_from; p < highest; p += kKeyTile) {
             for (int64_t h = 0; h < kv_heads; ++h)
