@@ -1,7 +1,8 @@
 """What a verify step costs by its shape: the default model's forward (every row's logits read
-back, as verification needs them) for N requests feeding R rows each, behind C cached tokens,
-the fastest of --repeats rounds over all shapes. Says what a verified row costs beside a batch's
-decoded rows: on a CPU at 16 requests, about what a decoded row does (docs/performance/agentic.md).
+back, as verification needs them) for N requests feeding R rows each, behind C cached tokens
+(written, random), the fastest of --repeats rounds over all shapes. Says what a verified row
+costs beside a batch's decoded rows: on a CPU at 16 requests, about what a decoded row does
+(docs/performance/agentic.md).
 
     python -m benchmarks.experiments.step_rows [--contexts 0,100] [--repeats 5]
 """
@@ -44,6 +45,9 @@ def main() -> None:
     args = parser.parse_args()
     engine = LLM(speculative_method="none").engine
     model, kv_cache = engine.runner.model, engine.runner.kv_cache
+    # Keys and values behind the rows, written: pages never written all map the OS's one zero
+    # page, which stays in L1, and would leave out what reading the cache costs.
+    kv_cache.storage.normal_(generator=torch.Generator().manual_seed(0))
     contexts = [int(c) for c in args.contexts.split(",")]
     fastest: dict[tuple[int, int, int], float] = {}
     for _ in range(args.repeats):
