@@ -1,6 +1,6 @@
 """What a benchmark ran on: the CPU's name, our integer kernel's variant, our versions and commit.
 Reports carry these so a figure can be named with its machine. `baseline_tree` checks out an
-older commit beside this one, for benchmarks that measure both."""
+older commit beside this one, for benchmarks that measure both (`runs_taking_turns`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,6 +32,20 @@ def baseline_tree(ref: str | None) -> Iterator[Path | None]:
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)],
                        check=False, capture_output=True)
+
+
+def runs_taking_turns(ref: str | None, repeats: int,
+                      run_tree: Callable[[Path, str | None], dict]) -> dict[str, list[dict]]:
+    """`run_tree(tree, kernel folder)`'s reports for this tree ("this", the default kernel
+    folder) and, with `ref`, that commit's worktree ("baseline", a kernel folder of its own), the
+    trees taking turns `repeats` times so that the host's drift falls on both alike."""
+    with baseline_tree(ref) as baseline, tempfile.TemporaryDirectory() as cache:
+        trees = {"this": (ROOT, None), **({"baseline": (baseline, cache)} if baseline else {})}
+        runs: dict[str, list[dict]] = {name: [] for name in trees}
+        for _ in range(repeats):
+            for name, (tree, cache_dir) in trees.items():
+                runs[name].append(run_tree(tree, cache_dir))
+    return runs
 
 
 def measure_in_tree(script: Path, tree: Path, arguments: list[str],

@@ -23,7 +23,6 @@ import argparse
 import hashlib
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -131,21 +130,17 @@ def main() -> None:
         print(json.dumps(measure(args)))
         return
     from benchmarks.host_overhead import cpu_isa_flags
-    from benchmarks.machine import ROOT, baseline_tree, cpu_model, our_versions
+    from benchmarks.machine import cpu_model, our_versions, runs_taking_turns
 
-    with baseline_tree(args.baseline) as baseline, tempfile.TemporaryDirectory() as cache:
-        trees = {"this": (ROOT, None), **({"baseline": (baseline, cache)} if baseline else {})}
-        runs: dict[str, list[dict]] = {name: [] for name in trees}
-        for _ in range(args.repeats):  # the trees take turns
-            for name, (tree, cache_dir) in trees.items():
-                runs[name].append(run_tree(tree, cache_dir, args))
+    runs = runs_taking_turns(args.baseline, args.repeats,
+                             lambda tree, cache_dir: run_tree(tree, cache_dir, args))
     results = {name: medians(r) for name, r in runs.items()}
     report = {"benchmark": "attention_rows", "cpu": cpu_model(), "cpu_flags": cpu_isa_flags(),
               "versions": our_versions(), "baseline": args.baseline, "repeats": args.repeats,
               "model_shape": {"heads": NUM_HEADS, "kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
                               "layers": LAYERS},
               "from_memory": args.from_memory, "results": results}
-    if baseline:
+    if args.baseline:
         this, base = results["this"], results["baseline"]
         report["baseline_over_this"] = {shape: round(base["ms_per_layer"][shape] / ms, 3)
                                         for shape, ms in this["ms_per_layer"].items()}

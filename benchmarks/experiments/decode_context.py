@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -78,14 +77,10 @@ def main() -> None:
         print(json.dumps(measure(contexts, args.requests, args.max_tokens)))
         return
     from benchmarks.host_overhead import cpu_isa_flags
-    from benchmarks.machine import ROOT, baseline_tree, cpu_model, our_versions
+    from benchmarks.machine import cpu_model, our_versions, runs_taking_turns
 
-    with baseline_tree(args.baseline) as baseline, tempfile.TemporaryDirectory() as cache:
-        trees = {"this": (ROOT, None), **({"baseline": (baseline, cache)} if baseline else {})}
-        runs: dict[str, list[dict]] = {name: [] for name in trees}
-        for _ in range(args.repeats):  # the trees take turns
-            for name, (tree, cache_dir) in trees.items():
-                runs[name].append(run_tree(tree, cache_dir, args))
+    runs = runs_taking_turns(args.baseline, args.repeats,
+                             lambda tree, cache_dir: run_tree(tree, cache_dir, args))
     results = {name: {c: round(statistics.median(r["decode_step_ms"][c] for r in tree_runs), 3)
                       for c in map(str, contexts)}
                for name, tree_runs in runs.items()}
@@ -93,7 +88,7 @@ def main() -> None:
               "versions": our_versions(), "baseline": args.baseline, "repeats": args.repeats,
               "requests": args.requests, "max_tokens": args.max_tokens,
               "decode_step_ms": results, "runs": runs}
-    if baseline:
+    if args.baseline:
         report["baseline_over_this"] = {c: round(results["baseline"][c] / ms, 3)
                                         for c, ms in results["this"].items()}
     from specserve.bench.report import emit
