@@ -92,10 +92,8 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            num_lookahead = 0
-            if lookahead is not None and (num_new == 1 or self._drafts_after(request, num_new)):
-                num_lookahead = min(lookahead(request), budget - num_new,
-                                    self._room_left(request))
+            num_lookahead = self._draft_slots(request, num_new, budget, lookahead,
+                                              num_new == 1)
             if not self._reserve_or_preempt(request, num_new + num_lookahead, out):
                 break  # the request itself was the newest and got preempted
             out.scheduled.append(self._scheduled(request, num_new, num_lookahead))
@@ -117,6 +115,15 @@ class Scheduler:
             out.scheduled.append(self._scheduled(request, num_new, num_lookahead))
             budget -= num_new + num_lookahead
         return out
+
+    def _draft_slots(self, request: Request, num_new: int, budget: int,
+                     lookahead: Callable[[Request], int] | None, decoding: bool) -> int:
+        """Draft slots after a chunk of `num_new` tokens: the proposer's ask, within the
+        step's budget and the request's room, for a decode step (`decoding`) or a chunk that
+        ends the prompt (`_drafts_after`); 0 otherwise."""
+        if lookahead is None or not (decoding or self._drafts_after(request, num_new)):
+            return 0
+        return min(lookahead(request), budget - num_new, self._room_left(request))
 
     def _drafts_after(self, request: Request, num_new: int) -> bool:
         """Whether a chunk of `num_new` tokens that ends the request's prompt (or its
@@ -154,9 +161,7 @@ class Scheduler:
         num_cached = len(cached_blocks) * self.block_manager.block_size
         request.num_computed_tokens = num_cached
         num_new = min(request.num_tokens - num_cached, budget)
-        num_lookahead = 0
-        if lookahead is not None and self._drafts_after(request, num_new):
-            num_lookahead = min(lookahead(request), budget - num_new, self._room_left(request))
+        num_lookahead = self._draft_slots(request, num_new, budget, lookahead, False)
         if not self.block_manager.allocate(request, num_new + num_lookahead, cached_blocks):
             request.num_computed_tokens = 0
             return None
