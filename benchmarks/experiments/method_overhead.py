@@ -6,6 +6,13 @@ draft should cost nothing measurable, and one whose drafts fail should fall back
 speed. Single runs of such cells move by ±10% on a shared 2-vCPU host (the spec matrix's), so
 this takes the median of several interleaved runs.
 
+`--none-twins N` serves N more engines with no speculation beside the first (`none#2`, ...).
+Engines alike in every setting differ by a few percent in one process (where their weights and
+caches landed: three `none` engines read 1.000, 1.044 and 1.016 on chat at batch 1, AMD EPYC
+Zen 4, every kernel at AVX2), so a method's ratio is also given against the median of all the
+`none` engines, beside the spread of those engines' own ratios: the floor below which a cell
+says nothing.
+
 A method may carry options after colons: `eagle:random` drafts with an untrained head and
 without EAGLE's copy lookup (so its drafts are never accepted), `:kept` holds the draft head's
 retirement off (engine/spec_decode/head_retirement.py: what every request paid for the head
@@ -14,6 +21,7 @@ retiring a head that does not pay.
 
     python -m benchmarks.experiments.method_overhead --workload chat --concurrency 1,8,16
     python -m benchmarks.experiments.method_overhead --methods eagle,eagle:kept,eagle:random
+    python -m benchmarks.experiments.method_overhead --concurrency 1 --none-twins 2
 """
 
 from __future__ import annotations
@@ -62,7 +70,7 @@ def random_head(model_name: str, folder: Path) -> Path:
 
 def build_llm(spec: str, model_name: str, scratch: Path) -> LLM:
     """`method[:random][:kept]` (the module's docstring)."""
-    method, *options = spec.split(":")
+    method, *options = spec.split("#")[0].split(":")
     unknown = set(options) - set(METHOD_OPTIONS)
     if unknown:
         raise SystemExit(f"unknown method option {sorted(unknown)} (known: {METHOD_OPTIONS})")
@@ -110,6 +118,8 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8,16")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--none-twins", type=int, default=0,
+                        help="this many more engines without speculation: the noise floor")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     folder, model_name = resolve_model_folder(None)
@@ -117,11 +127,12 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompts = [encode(tokenizer, w) for w in load_workloads(args.workload, 4)]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    methods = ["none", *args.methods.split(",")]
+    twins = [f"none#{i}" for i in range(2, 2 + args.none_twins)]
+    methods = ["none", *twins, *args.methods.split(",")]
     llms, phase_seconds = {}, {}
     for method in methods:
         llms[method] = build_llm(method, model_name, scratch)
-        if method != "none":
+        if not method.startswith("none"):
             phase_seconds[method] = collections.Counter()
             timed_proposer(llms[method], phase_seconds[method])
     cells = {}
@@ -138,19 +149,27 @@ def main() -> None:
               file=sys.stderr)
     emit({"benchmark": "method_overhead", "cpu": cpu_model(), "int8_variant": int8_variant(),
           "versions": our_versions(), "workload": args.workload, "max_tokens": args.max_tokens,
-          "repeats": args.repeats, "cells": cells}, args.output)
+          "repeats": args.repeats, "none_twins": args.none_twins, "cells": cells}, args.output)
 
 
 def _cell(runs: dict, phase_seconds: dict, tokens: int) -> dict:
-    none_seconds = statistics.median(seconds for seconds, _, _ in runs["none"])
+    """Medians per method against the first `none`'s, and against the median of every `none`
+    engine's median (`ratio_vs_nones`) where there are twins (`none#2`, ...), whose own ratios
+    to that median are the cell's `none_spread`."""
+    medians = {m: statistics.median(seconds for seconds, _, _ in r) for m, r in runs.items()}
+    none_seconds = medians["none"]
+    nones = [m for m in runs if m.split("#")[0] == "none"]
+    nones_seconds = statistics.median(medians[m] for m in nones)
     reference = runs["none"][0][2]
     cell = {"none": {"seconds_median": round(none_seconds, 4),
                      "tokens_per_s": round(tokens / none_seconds, 1)}}
+    if len(nones) > 1:
+        cell["none_spread"] = {m: round(nones_seconds / medians[m], 3) for m in nones}
     for method, method_runs in runs.items():
-        if method == "none":
+        if method in nones:
             continue
         seconds = [s for s, _, _ in method_runs]
-        median = statistics.median(seconds)
+        median = medians[method]
         cell[method] = {
             "seconds_median": round(median, 4), "tokens_per_s": round(tokens / median, 1),
             "ratio_vs_none": round(none_seconds / median, 3),
@@ -160,6 +179,8 @@ def _cell(runs: dict, phase_seconds: dict, tokens: int) -> dict:
             "proposer_ms_per_run": {name: round(1e3 * s / len(method_runs), 2)
                                     for name, s in phase_seconds[method].items()},
             "same_tokens_as_none": all(out == reference for _, _, out in method_runs)}
+        if len(nones) > 1:
+            cell[method]["ratio_vs_nones"] = round(nones_seconds / median, 3)
     return cell
 
 

@@ -24,6 +24,20 @@ def test_a_cell_takes_medians_and_flags_other_tokens():
     assert eagle["proposer_ms_per_run"] == {"prepare": 10.0, "propose": 2.0}
     assert eagle["same_tokens_as_none"] is True
     assert cell["ngram"]["same_tokens_as_none"] is False  # the control: one run differed
+    assert "none_spread" not in cell and "ratio_vs_nones" not in eagle  # no twins, no floor
+
+
+def test_twins_of_none_give_the_noise_floor_and_a_median_to_compare_with():
+    tokens = [[1]]
+    runs = {"none": [(1.0, 0, tokens)], "none#2": [(1.1, 0, tokens)],
+            "none#3": [(0.9, 0, tokens)], "ngram": [(1.1, 0, tokens)]}
+    cell = _cell(runs, {"ngram": collections.Counter()}, tokens=10)
+    assert cell["none_spread"] == {"none": 1.0, "none#2": 0.909, "none#3": 1.111}
+    assert "none#2" not in cell  # a twin is not a method
+    assert cell["ngram"]["ratio_vs_nones"] == 0.909  # against the median none (1.0 s)
+    runs["none"] = [(0.5, 0, tokens)]  # one lucky engine moves ratio_vs_none far, the median less
+    cell = _cell(runs, {"ngram": collections.Counter()}, tokens=10)
+    assert cell["ngram"]["ratio_vs_none"] == 0.455 and cell["ngram"]["ratio_vs_nones"] == 0.818
 
 
 def test_method_options_build_an_untrained_head_and_hold_retirement_off(tmp_path):
