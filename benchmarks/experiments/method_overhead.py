@@ -7,11 +7,11 @@ speed. Single runs of such cells move by ±10% on a shared 2-vCPU host (the spec
 this takes the median of several interleaved runs.
 
 `--none-twins N` serves N more engines with no speculation beside the first (`none#2`, ...).
-Engines alike in every setting differ by a few percent in one process (where their weights and
-caches landed: three `none` engines read 1.000, 1.044 and 1.016 on chat at batch 1, AMD EPYC
-Zen 4, every kernel at AVX2), so a method's ratio is also given against the median of all the
-`none` engines, beside the spread of those engines' own ratios: the floor below which a cell
-says nothing.
+Engines alike in every setting can differ by a few percent in one process (probably where their
+weights and caches landed: in a probe, three `none` engines read 1.000, 1.044 and 1.016 on chat
+at batch 1, AMD EPYC Zen 4, every kernel at AVX2), so a method's ratio is also given against
+the median of all the `none` engines, beside the spread of those engines' own ratios: the floor
+below which a cell says nothing.
 
 A method may carry options after colons: `eagle:random` drafts with an untrained head and
 without EAGLE's copy lookup (so its drafts are never accepted), `:kept` holds the draft head's
