@@ -233,8 +233,12 @@ class LlamaForCausalLM(nn.Module):
         return sorted({f for m in self.modules() if isinstance(m, Linear) and m.gguf
                        for f in m.gguf.format_names})
 
+    def gguf_weights(self) -> list:
+        """Every projection's GGUFWeight (engine/quant/gguf_weight.py), the LM head's included."""
+        return [m.gguf for m in self.modules() if isinstance(m, Linear) and m.gguf is not None]
+
     def gguf_bytes(self) -> int:
-        return sum(m.gguf.nbytes for m in self.modules() if isinstance(m, Linear) and m.gguf)
+        return sum(weight.nbytes for weight in self.gguf_weights())
 
     def _place(self, name: str) -> Place | None:
         return place_of(name, self.arch, tied_embeddings=self.embed_tokens is None)

@@ -26,6 +26,7 @@ from engine.models import gguf_native
 from engine.models.architecture import LlamaArchitecture
 from engine.models.llama import LlamaForCausalLM
 from engine.quant.kernels import load_kernel
+from engine.quant.weight_arena import gather_in_huge_pages
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +180,8 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
         folder, hf_config, llama, tokenizer = _load_native(path, with_tokenizer, max_model_len)
         if uses_integer_kernels(quantization):
             llama.use_integer_kernels()
+        # before any forward: the fused layers and the compiled stack take these tensors
+        llama.weight_mapping = gather_in_huge_pages(llama.gguf_weights())
         logger.info("%s: GGUF blocks kept (%s), %.0f MB of packed weights", name,
                     ", ".join(llama.gguf_format_names()), llama.gguf_bytes() / 1e6)
     else:
