@@ -1,11 +1,13 @@
 """The packed GGUF weights in one mapping that Linux may back with 2 MB pages.
 
 A batch-1 decode step on the CPU streams every weight once (~92 MB for the default model). In
-4 KB pages that is ~23,000 pages a step, each a TLB miss and a page walk, and a page boundary
-every 4 KB that the hardware prefetchers stop at. Copied into one anonymous mapping marked
+4 KB pages that is ~23,000 pages a step, far more than the TLB holds, and a page boundary every
+4 KB, where hardware prefetchers stop (the likely reasons; this host has no performance counters
+to say which). Copied into one anonymous mapping marked
 MADV_HUGEPAGE (this host's transparent huge pages are `madvise`-only, so nothing else gets
-them), the same weights sit in ~46 huge pages: decode ran ~12% faster (AMD EPYC Zen 4, two
-engines of each kind in one process, taking turns; docs/performance/vs-llamacpp.md). The bytes
+them), the same weights sit in ~46 huge pages: a batch-1 decode step's decoder layers took
+2.92 ms instead of 3.29 at 100 tokens of context (1.13x), 1.09x at 600, 1.06x at 1,700, where
+reading the KV cache weighs more (AMD EPYC Zen 4; docs/performance/vs-llamacpp.md). The bytes
 are the same, so every result is too.
 """
 
