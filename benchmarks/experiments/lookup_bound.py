@@ -37,6 +37,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from benchmarks.agentic_run import turn_messages
 from benchmarks.agentic_workloads import Workload, all_workloads, select_workloads
 from benchmarks.machine import cpu_model, int8_variant, our_versions
 from engine import LLM, SamplingParams
@@ -119,7 +120,7 @@ def reference_turns(llm: LLM, workload: Workload) -> list[Turn]:
     for episode in workload.episodes:
         history = []
         for turn in episode:
-            messages = (history if turn.history else []) + [{"role": "user", "content": turn.user}]
+            messages = turn_messages(history, turn)
             prompt = chat_prompt(llm.tokenizer, workload, messages)
             out = llm.generate([prompt], SamplingParams(max_tokens=MAX_TOKENS, temperature=0))[0]
             turns.append(Turn(prompt, tuple(out.prompt_token_ids), list(out.token_ids)))
