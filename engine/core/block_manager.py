@@ -59,7 +59,11 @@ class BlockManager:
         self.window = window
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[bytes | None] = [None] * num_blocks
-        self.free_block_ids: deque[int] = deque(range(num_blocks))
+        # Taken from the right (the block freed last), so a freed block is the next one used: on
+        # a CPU the cache is memory the OS maps at first write, and taking the longest-free block
+        # walked each request onto pages never written (2,040 page faults a 128-token chat
+        # request, its KV in cold pages, and the resident set growing to the whole budget).
+        self.free_block_ids: deque[int] = deque(reversed(range(num_blocks)))
         self.evictable: OrderedDict[int, None] = OrderedDict()  # LRU first
         self.hash_to_block: dict[bytes, int] = {}
         self.prefix_stats = PrefixCacheStats()
@@ -191,7 +195,7 @@ class BlockManager:
     # ---------------------------------------------------------------- helpers
     def _take_fresh_block(self) -> int:
         if self.free_block_ids:
-            block_id = self.free_block_ids.popleft()
+            block_id = self.free_block_ids.pop()
         else:
             block_id, _ = self.evictable.popitem(last=False)
             del self.hash_to_block[self.block_hash[block_id]]

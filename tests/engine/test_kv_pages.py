@@ -60,3 +60,35 @@ def test_the_start_up_probe_leaves_no_block_resident(tiny_chat_model_folder, mon
     monkeypatch.setattr(KVCache, "release_pages", lambda self: None)
     kept = make_llm(str(tiny_chat_model_folder), speculative_method="ngram")
     assert resident_bytes(kept.engine.runner.kv_cache.storage) > 0
+
+
+def _resident_after_requests(folder, take_longest_free: bool, monkeypatch) -> list[int]:
+    """The KV cache's resident bytes after each of 6 requests served one after another."""
+    from engine import SamplingParams
+    from engine.core.block_manager import BlockManager
+
+    if take_longest_free:  # the old order: the block freed longest ago (a FIFO free list)
+        pop_right = BlockManager._take_fresh_block
+
+        def take_left(self):
+            self.free_block_ids.rotate(-1)  # the left end moves to the right, where pop() takes
+            return pop_right(self)
+        monkeypatch.setattr(BlockManager, "_take_fresh_block", take_left)
+    llm = make_llm(str(folder), enable_prefix_caching=False)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    resident = []
+    for i in range(6):
+        llm.generate([list(range(10 + i, 90 + i))], params)
+        resident.append(resident_bytes(llm.engine.runner.kv_cache.storage))
+    return resident
+
+
+def test_requests_one_after_another_reuse_the_same_pages(tiny_chat_model_folder, monkeypatch):
+    """A freed block is the next one taken, so sequential requests write the pages the first
+    one made resident, not new ones (no page faults, warm pages, a resident set of one
+    request's KV). Negative control: taking the block freed longest ago, each request lands on
+    untouched pages and the resident KV grows with every request."""
+    reused = _resident_after_requests(tiny_chat_model_folder, False, monkeypatch)
+    assert reused[0] > 0 and all(r == reused[0] for r in reused), reused
+    walked = _resident_after_requests(tiny_chat_model_folder, True, monkeypatch)
+    assert all(b > a for a, b in zip(walked, walked[1:])), walked
