@@ -29,6 +29,12 @@ MIN_DRAFT_GAIN = 0.02  # expected tokens below which a draft position is not eve
 # every step feeds one per request, so a slope overestimated once (a noisy step) would keep
 # drafting off for good. A probe every 32 steps costs < 1% of a step's rows at batch 1.
 PROBE_EVERY = 32
+# A probe that drafts with a model also pays that draft: `layer-skip` runs 27 of the default
+# model's 30 layers for one, most of a step. Its probes are spaced so that their drafting takes
+# at most this share of the steps' time (with every kernel at AVX2, AMD EPYC Zen 4, its probes
+# every 32 steps cost chat at batch 1 ~1-2%). The row's own price does not space them: an
+# overestimated one is what probes are there to correct.
+PROBE_DRAFT_BUDGET = 0.01
 # How much more expected tokens per second than no draft a plan must promise before it drafts.
 # The price of a row is measured and fitted, so within a few percent; where a plan promises less,
 # it may as well lose. On CPU at 16 concurrent requests (AMD EPYC Zen 4, 2 vCPUs) a verified
@@ -47,9 +53,11 @@ MIN_PLAN_GAIN = 0.05
 LONG_PROBE_EVERY = 16
 LONG_PROBE_ACCEPTANCE = 0.9
 # A request planned no draft rests: its drafts are not computed for 1, 2, 4, ... steps (at most
-# this, and at most half the batch's requests), where lookups and planning for 16 requests cost
-# ~2 ms of a ~20 ms step on CPU and made `auto` 0.86-0.93x `none` on traffic it did not draft
-# for. Batch 1 does not rest: there a step's lookups cost ~1% of it.
+# this), where lookups and planning for 16 requests cost ~2 ms of a ~20 ms step on CPU and made
+# `auto` 0.86-0.93x `none` on traffic it did not draft for. At batch 1 the step is shortest, so
+# the same work weighs most there: with every kernel at AVX2 (AMD EPYC Zen 4) a lone `ngram`
+# request's plan and lookup took ~40 us and the step-cost fit ~23 us of a ~4.5 ms step. A step
+# in which every request rests skips them all (speculation.py).
 MAX_DRAFT_REST = 8
 
 
@@ -65,6 +73,8 @@ class SpeculationController:
         self._plans_without_drafts = 0
         self.long_probe_every = LONG_PROBE_EVERY  # 0: never
         self._plans_kept_short = 0
+        self.max_rest = MAX_DRAFT_REST  # 0: requests never rest
+        self.min_plan_gain = MIN_PLAN_GAIN
 
     def lookahead(self, request: Request) -> int:
         """KV slots the scheduler reserves for this request's drafts: an upper bound on what
@@ -114,7 +124,7 @@ class SpeculationController:
         else:
             rows = len(requests) if num_other_rows is None else num_other_rows
             ks = self._plan_greedy(positions, estimates, max_ks, num_other_units, rows, free)
-        ks = self._probe_now_and_then(ks, estimates, max_ks)
+        ks = self._probe_now_and_then(ks, estimates, max_ks, num_other_units)
         ks = self._probe_long_now_and_then(requests, ks, estimates, max_ks)
         for request, k in zip(requests, ks):
             if k == 0:
@@ -122,19 +132,26 @@ class SpeculationController:
         return ks
 
     def resting(self, requests: Sequence[Request]) -> list[bool]:
-        """Which requests sit this step out (no lookup, no plan); counts their rest down."""
+        """Which requests sit this step out (no lookup, no plan); counts their rest down. A
+        resting request's acceptance drifts towards the prior as a plan of no draft makes it."""
         resting = []
         for request in requests:
             rests = request.draft_rest_left > 0  # after_plan never rests a grammar request
             if rests:
                 request.draft_rest_left -= 1
+                request.acceptance.decay()
             resting.append(rests)
         return resting
+
+    def rested_step(self) -> None:
+        """A step in which every request rested (no plan): it counts towards the next probe
+        as a plan of no draft does, so probes come every PROBE_EVERY steps, rests or not."""
+        self._plans_without_drafts += 1
 
     def after_plan(self, requests: Sequence[Request], max_ks: Sequence[int],
                    ks: Sequence[int]) -> None:
         """A request that could draft and was planned none rests, each time twice as long."""
-        longest = min(MAX_DRAFT_REST, len(requests) // 2) if self.adaptive else 0
+        longest = self.max_rest if self.adaptive else 0
         for request, max_k, k in zip(requests, max_ks, ks):
             if max_k <= 0 or request.grammar is not None:
                 continue
@@ -145,21 +162,29 @@ class SpeculationController:
                 request.draft_rest_left = request.draft_rest
 
     def _probe_now_and_then(self, ks: list[int], estimates: Sequence[float],
-                            max_ks: Sequence[int]) -> list[int]:
-        """After `probe_every` plans without a draft, one draft for the likeliest request, so
-        the step-cost fit sees a verified token's price again (see PROBE_EVERY)."""
+                            max_ks: Sequence[int], num_other_units: float) -> list[int]:
+        """After `probe_every` plans without a draft (more where drafting one token is dear:
+        PROBE_DRAFT_BUDGET), one draft for the likeliest request, so the step-cost fit sees a
+        verified token's price again (see PROBE_EVERY)."""
         if any(ks):
             self._plans_without_drafts = 0
             return ks
         self._plans_without_drafts += 1
         candidates = [i for i, m in enumerate(max_ks) if m > 0]
-        if not self.probe_every or self._plans_without_drafts < self.probe_every \
-                or not candidates:
+        if not self.probe_every or not candidates \
+                or self._plans_without_drafts < self._probe_interval(num_other_units):
             return ks
         self._plans_without_drafts = 0
         probe = list(ks)
         probe[max(candidates, key=lambda i: estimates[i])] = 1
         return probe
+
+    def _probe_interval(self, num_other_units: float) -> float:
+        """Plans without a draft between probes: `probe_every`, or as many as keep one token's
+        drafting within PROBE_DRAFT_BUDGET of the steps' time."""
+        step = self.step_cost(num_other_units)
+        drafting = self.draft_cost(1, 1)
+        return max(self.probe_every, drafting / (PROBE_DRAFT_BUDGET * step) if step > 0 else 0)
 
     def _probe_long_now_and_then(self, requests: Sequence[Request], ks: list[int],
                                  estimates: Sequence[float], max_ks: Sequence[int]) -> list[int]:
@@ -196,7 +221,7 @@ class SpeculationController:
                     + per_key * sum(attended_keys(p + 1, k) for p, k in zip(positions, ks)))
 
         best_ks = [0] * len(estimates)
-        best_rate = (1 + MIN_PLAN_GAIN) * len(estimates) / self.step_cost(num_other_units)
+        best_rate = (1 + self.min_plan_gain) * len(estimates) / self.step_cost(num_other_units)
         groups = [[True] * len(free)] + ([list(free)] if any(free) and not all(free) else [])
         for depth in range(1, max(useful, default=0) + 1):
             for drafting in groups:
@@ -222,7 +247,7 @@ class SpeculationController:
         follows the measured curve, so the 17th row of a 16-request step may not pay for itself
         where 16 drafts together do."""
         gains = float(len(estimates))  # each request emits at least one token
-        best_rate, best_n = (1 + MIN_PLAN_GAIN) * gains / self.step_cost(num_other_units), 0
+        best_rate, best_n = (1 + self.min_plan_gain) * gains / self.step_cost(num_other_units), 0
         ks, order = [0] * len(estimates), []  # drafts so far, and whose each one is
         units, rows, drafted, longest = num_other_units, num_other_rows, 0, 0
         # Max-heap of (next draft's expected gain, request index).

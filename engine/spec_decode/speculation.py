@@ -23,6 +23,7 @@ class Speculation:
         self.proposer, self.controller = proposer, controller
         # runs of plain decode steps that overlap where drafts do not pay (quiet_steps.py)
         self.quiet = QuietSteps() if proposer.sits_out_steps else None
+        self.rested = False  # every decoding request of the step being run rested
 
     def quiet_step_ready(self) -> bool:
         """Whether the next decode step may run as `none`'s does, overlapped."""
@@ -34,6 +35,7 @@ class Speculation:
         them; sets `request.draft_token_ids`. `padded_tokens`: the rows the step computes for a
         draft depth, when it will run padded. Returns the draft distributions of proposers that
         sample their drafts."""
+        self.rested = False
         decoding = [s for s in plan.scheduled if s.num_lookahead > 0]
         if not decoding:
             return {}
@@ -42,6 +44,10 @@ class Speculation:
         # Resting requests (controller.py) are not prepared: as when planned no draft, a
         # proposer with its own KV catches it up the next time it drafts.
         resting = self.controller.resting(requests)
+        self.rested = all(resting)
+        if self.rested:  # no lookup, no plan: the step runs as `none`'s does
+            self.controller.rested_step()
+            return {}
         max_ks = [0 if rests else k for rests, k in zip(resting, max_ks)]
         self.proposer.prepare(requests, max_ks)
         free = [self.proposer.drafts_are_free(r) for r in requests]
@@ -107,6 +113,10 @@ class Speculation:
         """After the target step: `emitted` per scheduled request (accepted drafts, then the
         next token); `num_rows`, the rows the forward computed (padding included)."""
         self.proposer.observe_target_step(scheduled, token_row_starts, hidden, emitted)
+        if self.rested:  # nothing drafted, nothing to learn: the fit has the planned steps
+            if self.quiet is not None and any(s.num_new_tokens == 1 for s in scheduled):
+                self.quiet.observe(False)
+            return
         if not num_prefill_tokens(scheduled):
             # Only decode/verify steps teach the cost of a verified token: a prefill chunk's
             # tokens cost a fraction of that per token (one large GEMM), and fitted together

@@ -194,7 +194,8 @@ def test_the_controller_prices_padded_steps_by_their_rows(tiny_chat_model_folder
 
     def spy_prepare(scheduled, *in_flight):
         step = prepare(scheduled, *in_flight)
-        shapes.append(step.shape)
+        if not engine.speculation.rested:  # a step where every request rested is not fitted
+            shapes.append(step.shape)
         return step
 
     runner.prepare = spy_prepare
@@ -202,7 +203,7 @@ def test_the_controller_prices_padded_steps_by_their_rows(tiny_chat_model_folder
     controller.plan = lambda requests, max_ks, num_other, padded=None, *rest: (
         layouts.append(padded), plan(requests, max_ks, num_other, padded, *rest))[1]
     llm.generate(PROMPTS, PARAMS)
-    # Every padded step taught the cost model its padded rows, not its real tokens.
+    # Every padded step fitted taught the cost model its padded rows, not its real tokens.
     assert observed == [s.num_seqs * s.query_len for s in shapes]
     assert any(s.num_seqs > 1 for s in shapes)
     assert any(layout is not None for layout in layouts)

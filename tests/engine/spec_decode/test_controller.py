@@ -9,7 +9,7 @@ import pytest
 from engine.core.request import Request
 from engine.metrics.spec_stats import PRIOR_ACCEPTANCE
 from engine.sampling_params import SamplingParams
-from engine.spec_decode.controller import SpeculationController
+from engine.spec_decode.controller import MIN_PLAN_GAIN, SpeculationController
 from engine.spec_decode.step_cost import DraftCost, LinearCostModel, ModelDraftCost
 
 MAX_K = 4
@@ -180,6 +180,34 @@ def test_a_slope_overestimated_once_is_corrected_by_probes():
     assert all(k >= 2 for k in planned[200:])  # drafting is back, and stays
 
 
+def _probe_steps(draft_seconds: float) -> list[int]:
+    """Plans (from 0) that drafted, over 400, for a lone request whose drafts never pay (rows as
+    dear as the 4 ms step), where drafting one token costs `draft_seconds`."""
+    controller = make_controller(fixed=0.004, per_token=0.004, draft_cost=DraftCost(
+        per_step=True, seconds_per_unit=draft_seconds))
+    request = trained_request(controller, "r", num_accepted=0)
+    drafted = []
+    for step in range(400):
+        (k,) = controller.plan([request], [MAX_K], num_other_units=1)
+        if k:
+            controller.observe_verification(request, k, 0)
+            drafted.append(step)
+    return drafted
+
+
+def test_probes_with_a_dear_draft_are_spaced_by_its_cost():
+    """A model's draft for a probe costs most of a step (`layer-skip`): its probes come as often
+    as keep their drafting within PROBE_DRAFT_BUDGET of the steps' time, every 90 plans for a
+    draft of 90% of a step. Control: a free draft (a lookup) probes every PROBE_EVERY plans."""
+    from engine.spec_decode.controller import PROBE_DRAFT_BUDGET, PROBE_EVERY
+
+    free = _probe_steps(0.0)
+    assert free[:3] == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1, 3 * PROBE_EVERY - 1]
+    dear = _probe_steps(0.9 * 0.008)  # the step with its one row: 8 ms
+    spacing = round(0.9 / PROBE_DRAFT_BUDGET)
+    assert dear[:3] == [spacing - 1, 2 * spacing - 1, 3 * spacing - 1]
+
+
 def test_model_drafting_is_priced_by_the_rows_it_runs():
     """A draft model's step over b sequences costs like a target step of b tokens, times its
     fraction: in a large batch that makes drafting expensive, where a flat per-step price made
@@ -236,15 +264,14 @@ def test_padded_steps_fill_the_rows_that_are_padded_anyway():
     assert costly.plan(requests, [MAX_K] * 16, 16, padded_tokens=_padded(16)) == [0] * 16
 
 
-def test_a_plan_must_promise_more_than_the_pricing_error(monkeypatch):
+def test_a_plan_must_promise_more_than_the_pricing_error():
     """16 requests at 0.9 acceptance on a step where a verified row costs what a decoded one
     does (CPU, 16 concurrent): one draft each promises ~3% more tokens per second, within what
     a fitted row price is off by, so nothing drafts. Control: without the margin they draft;
     and where rows are cheap they draft with it."""
-    from engine.spec_decode import controller as module
-
-    def plan(per_token: float) -> list[int]:
+    def plan(per_token: float, min_gain: float = MIN_PLAN_GAIN) -> list[int]:
         controller = make_controller(fixed=2.94 * per_token, per_token=per_token)
+        controller.min_plan_gain = min_gain
         requests = [trained_request(controller, str(i), num_accepted=MAX_K - 1)
                     for i in range(16)]
         for request in requests:
@@ -254,11 +281,8 @@ def test_a_plan_must_promise_more_than_the_pricing_error(monkeypatch):
         return controller.plan(requests, [MAX_K] * 16, num_other_units=16)
 
     rows_like_tokens = 0.0009  # a step of 16 rows: 17 ms, a row past them 0.9 ms
-    monkeypatch.setattr(module, "MIN_PLAN_GAIN", module.MIN_PLAN_GAIN)
     assert plan(rows_like_tokens) == [0] * 16
-    monkeypatch.setattr(module, "MIN_PLAN_GAIN", 0.0)
-    assert sum(plan(rows_like_tokens)) >= 16
-    monkeypatch.undo()
+    assert sum(plan(rows_like_tokens, min_gain=0.0)) >= 16
     cheap = make_controller(fixed=0.010, per_token=0.0003)  # the promise: ~30%
     requests = [trained_request(cheap, str(i), num_accepted=MAX_K - 1) for i in range(16)]
     assert sum(cheap.plan(requests, [MAX_K] * 16, num_other_units=16)) >= 16
