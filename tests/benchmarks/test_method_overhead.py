@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 
-from benchmarks.experiments.method_overhead import _cell
+from benchmarks.experiments.method_overhead import _cell, combine_processes
 
 
 def test_a_cell_takes_medians_and_flags_other_tokens():
@@ -67,3 +67,21 @@ def test_method_options_build_an_untrained_head_and_hold_retirement_off(tmp_path
     assert shipped > 4
     with pytest.raises(SystemExit):
         build_llm("eagle:fast", name, tmp_path / "d")
+
+
+def test_processes_give_each_method_the_median_of_their_ratios():
+    """One process whose `eagle` engine landed badly (0.80) does not set the cell; the others'
+    do. Control: a process whose tokens differed marks the cell."""
+    def cell(ratio: float, same: bool = True) -> dict:
+        return {"1": {"none": {}, "none_spread": {"none": 1.0},
+                      "eagle": {"ratio_vs_nones": ratio, "draft_tokens_per_run": 2,
+                                "same_tokens_as_none": same}}}
+
+    combined = combine_processes([cell(0.99), cell(0.80), cell(1.01)], "ratio_vs_nones")
+    eagle = combined["1"]["eagle"]
+    assert eagle["ratio_median"] == 0.99 and eagle["ratios"] == [0.99, 0.80, 1.01]
+    assert eagle["same_tokens_as_none"] is True and eagle["draft_tokens_per_run"] == [2, 2, 2]
+    assert combined["1"]["none_spread"] == [{"none": 1.0}] * 3
+    assert "none" not in combined["1"]
+    other = combine_processes([cell(0.99), cell(0.99, same=False)], "ratio_vs_nones")
+    assert other["1"]["eagle"]["same_tokens_as_none"] is False
