@@ -181,7 +181,8 @@ def over_processes(args) -> None:
     key = "ratio_vs_nones" if args.none_twins else "ratio_vs_none"
     cells = combine_processes([report["cells"] for report in reports], key)
     for concurrency, cell in cells.items():
-        print(concurrency, {m: c.get("ratio_median") for m, c in cell.items()}, file=sys.stderr)
+        print(concurrency, {m: c["ratio_median"] for m, c in cell.items() if m != "none_spread"},
+              file=sys.stderr)
     emit({**{k: v for k, v in reports[0].items() if k != "cells"}, "ratio": key,
           "processes": args.processes, "cells": cells,
           "cells_by_process": [report["cells"] for report in reports]}, args.output)
