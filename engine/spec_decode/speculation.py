@@ -113,11 +113,8 @@ class Speculation:
         """After the target step: `emitted` per scheduled request (accepted drafts, then the
         next token); `num_rows`, the rows the forward computed (padding included)."""
         self.proposer.observe_target_step(scheduled, token_row_starts, hidden, emitted)
-        if self.rested:  # nothing drafted, nothing to learn: the fit has the planned steps
-            if self.quiet is not None and any(s.num_new_tokens == 1 for s in scheduled):
-                self.quiet.observe(False)
-            return
-        if not num_prefill_tokens(scheduled):
+        # A rested step teaches the fit nothing the planned steps do not: it is not fitted.
+        if not self.rested and not num_prefill_tokens(scheduled):
             # Only decode/verify steps teach the cost of a verified token: a prefill chunk's
             # tokens cost a fraction of that per token (one large GEMM), and fitted together
             # they made drafts look ~2x cheaper than they are in a batch.
