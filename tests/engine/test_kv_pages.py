@@ -92,3 +92,29 @@ def test_requests_one_after_another_reuse_the_same_pages(tiny_chat_model_folder,
     assert reused[0] > 0 and all(r == reused[0] for r in reused), reused
     walked = _resident_after_requests(tiny_chat_model_folder, True, monkeypatch)
     assert all(b > a for a, b in zip(walked, walked[1:])), walked
+
+
+def _after_filling_the_cache(folder, prefix_caching: bool) -> tuple[list, list]:
+    """Two requests' tokens on a fresh engine, then the same requests after every byte of the
+    KV cache was overwritten with NaN."""
+    from engine import SamplingParams
+
+    llm = make_llm(str(folder), enable_prefix_caching=prefix_caching)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = [list(range(10, 90)), list(range(200, 237))]
+    before = [output.token_ids for output in llm.generate(prompts, params)]
+    llm.engine.runner.kv_cache.storage.fill_(float("nan"))
+    after = [output.token_ids for output in llm.generate(prompts, params)]
+    return before, after
+
+
+def test_what_free_blocks_hold_never_reaches_a_request(tiny_chat_model_folder):
+    """Blocks are reused as they were left (the freed block is the next one taken), so nothing
+    a request computes may read a slot it has not written: a cache filled with NaN between two
+    runs gives the same tokens. Negative control: with prefix caching the second run reads the
+    first run's cached blocks, and the NaN in them changes what it computes."""
+    before, after = _after_filling_the_cache(tiny_chat_model_folder, prefix_caching=False)
+    assert after == before
+    cached_before, cached_after = _after_filling_the_cache(tiny_chat_model_folder,
+                                                           prefix_caching=True)
+    assert cached_before == before and cached_after != cached_before
