@@ -40,6 +40,43 @@ def test_twins_of_none_give_the_noise_floor_and_a_median_to_compare_with():
     assert cell["ngram"]["ratio_vs_none"] == 0.455 and cell["ngram"]["ratio_vs_nones"] == 0.818
 
 
+def test_an_engine_against_itself_with_speculation_off():
+    """`X/off` runs are not a method: they give X's `ratio_vs_own_off` (its engine's median
+    with speculation off over its own), and whether they kept `none`'s tokens."""
+    tokens = [[1]]
+    runs = {"none": [(1.0, 0, tokens)], "ngram": [(1.25, 4, tokens), (1.0, 4, tokens)],
+            "ngram/off": [(1.2, 0, tokens), (0.9, 0, [[2]])]}
+    cell = _cell(runs, {"ngram": collections.Counter()}, tokens=10)
+    assert "ngram/off" not in cell
+    assert cell["ngram"]["ratio_vs_own_off"] == 0.933  # 1.05 s off, 1.125 s on
+    assert cell["ngram"]["own_off_vs_none"] == 0.952
+    assert cell["ngram"]["own_off_same_tokens_as_none"] is False  # the control: one run differed
+    assert "ratio_vs_own_off" not in _cell({"none": runs["none"], "ngram": runs["ngram"]},
+                                           {"ngram": collections.Counter()}, tokens=10)["ngram"]
+
+
+def test_speculation_off_steps_as_none_and_comes_back_on(tmp_path):
+    """Inside `speculation_off` an `ngram` engine drafts nothing and gives the same tokens; after
+    it, the same engine drafts again (the control: a prompt that repeats itself is drafted)."""
+    from benchmarks.experiments.method_overhead import build_llm, run, speculation_off
+    from engine import SamplingParams
+    from engine.models.loader import resolve_model_folder
+
+    _, name = resolve_model_folder(None)
+    llm = build_llm("ngram", name, tmp_path)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    prompt = [llm.engine.tokenizer.encode("Repeat exactly: one two three four five six seven "
+                                          "eight. one two three four five six seven eight.")]
+    speculation, at_prefill = llm.engine.speculation, llm.engine.scheduler.draft_at_prefill
+    with speculation_off(llm):
+        _, drafts_off, tokens_off = run(llm, prompt, params)
+    _, drafts_on, tokens_on = run(llm, prompt, params)
+    assert drafts_off == 0 and drafts_on > 0
+    assert tokens_off == tokens_on
+    assert llm.engine.speculation is speculation is not None
+    assert llm.engine.scheduler.draft_at_prefill == at_prefill
+
+
 def test_method_options_build_an_untrained_head_and_hold_retirement_off(tmp_path):
     """`eagle:random` drafts with an untrained head shaped like the shipped one and no copy
     lookup, and the target refuses its drafts; `:kept` holds that head's retirement off, the
