@@ -164,8 +164,9 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     twins = [f"none#{i}" for i in range(2, 2 + args.none_twins)]
     speculative = args.methods.split(",")
-    offs = [f"{method}/off" for method in speculative] if args.own_off else []
-    methods = ["none", *twins, *speculative, *offs]
+    # X/off right after X: taking turns, each run of one sits beside a run of the other
+    methods = ["none", *twins, *[m for method in speculative
+                                 for m in ([method, f"{method}/off"] if args.own_off else [method])]]
     llms, phase_seconds = {}, {}
     for method in ["none", *twins, *speculative]:
         llms[method] = build_llm(method, model_name, scratch)
@@ -270,6 +271,12 @@ def _cell(runs: dict, phase_seconds: dict, tokens: int) -> dict:
         off = runs.get(f"{method}/off")
         if off:
             cell[method]["ratio_vs_own_off"] = round(medians[f"{method}/off"] / median, 3)
+            # Each run against the one beside it (the machine's slow drifts cancel), and the
+            # fastest against the fastest (what is left where the noise only ever adds time).
+            cell[method]["paired_ratio_vs_own_off"] = round(statistics.median(
+                o[0] / r[0] for o, r in zip(off, method_runs)), 3)
+            cell[method]["fastest_ratio_vs_own_off"] = round(min(o[0] for o in off)
+                                                             / min(seconds), 3)
             cell[method]["own_off_vs_none"] = round(none_seconds / medians[f"{method}/off"], 3)
             cell[method]["own_off_same_tokens_as_none"] = all(o == reference for _, _, o in off)
     return cell

@@ -49,6 +49,8 @@ def test_an_engine_against_itself_with_speculation_off():
     cell = _cell(runs, {"ngram": collections.Counter()}, tokens=10)
     assert "ngram/off" not in cell
     assert cell["ngram"]["ratio_vs_own_off"] == 0.933  # 1.05 s off, 1.125 s on
+    assert cell["ngram"]["paired_ratio_vs_own_off"] == 0.93  # 0.96 and 0.9, run by run
+    assert cell["ngram"]["fastest_ratio_vs_own_off"] == 0.9  # 0.9 s against 1.0
     assert cell["ngram"]["own_off_vs_none"] == 0.952
     assert cell["ngram"]["own_off_same_tokens_as_none"] is False  # the control: one run differed
     assert "ratio_vs_own_off" not in _cell({"none": runs["none"], "ngram": runs["ngram"]},
