@@ -165,8 +165,9 @@ def main() -> None:
     twins = [f"none#{i}" for i in range(2, 2 + args.none_twins)]
     speculative = args.methods.split(",")
     # X/off right after X: taking turns, each run of one sits beside a run of the other
-    methods = ["none", *twins, *[m for method in speculative
-                                 for m in ([method, f"{method}/off"] if args.own_off else [method])]]
+    methods = ["none", *twins]
+    for method in speculative:
+        methods += [method, f"{method}/off"] if args.own_off else [method]
     llms, phase_seconds = {}, {}
     for method in ["none", *twins, *speculative]:
         llms[method] = build_llm(method, model_name, scratch)
