@@ -27,12 +27,8 @@ retiring a head that does not pay.
 `--processes P` runs it all P times, each in a fresh process, and gives each method's ratio as
 the median of the processes' (over_processes).
 
-`--own-off` also runs every speculative engine with its speculation switched off (`X/off`: the
-engine steps as `none`'s does, on the same weights, caches and buffers), taking turns with the
-rest, and gives `ratio_vs_own_off`. Twins of `none` differ by what their memory is, not by what
-they do: on an Intel Xeon (2 vCPUs, 260 MB L3 shared with other tenants) a second `none` engine
-read 0.82x the first in all 7 of its runs and the twins of five processes spread 0.46-1.22x,
-wider than the 5% the target asks to resolve. One engine against itself has no such floor.
+`--own-off` also runs every engine with its speculation switched off (`X/off`; own_off.py), and
+gives each method against its own engine: no twins' floor of where memory landed.
 """
 
 from __future__ import annotations
@@ -52,10 +48,11 @@ import torch
 
 from transformers import AutoTokenizer
 
+from benchmarks.experiments.own_off import against_own_off, speculation_off, turn_order
 from benchmarks.machine import cpu_model, int8_variant, our_versions
 from engine import LLM, SamplingParams
 from engine.models.loader import resolve_model_folder
-from specserve.bench.report import emit, taking_turns
+from specserve.bench.report import emit
 from specserve.bench.workloads import encode, load_workloads
 
 PROPOSER_PHASES = ("prepare", "propose", "observe_target_step")
@@ -97,22 +94,6 @@ def build_llm(spec: str, model_name: str, scratch: Path) -> LLM:
         proposer = llm.engine.proposer
         (proposer.head if method == "auto" else proposer).retire = False
     return llm
-
-
-@contextlib.contextmanager
-def speculation_off(llm: LLM):
-    """The engine steps as a `none` engine does while inside: no lookahead slots, no proposer,
-    no feature rows, no drafts at the prompt's step. Not for overlapped engines (their quiet
-    steps read the speculation)."""
-    engine = llm.engine
-    if engine.overlap is not None:
-        raise SystemExit("--own-off measures engines without --async-scheduling")
-    speculation, at_prefill = engine.speculation, engine.scheduler.draft_at_prefill
-    engine.speculation, engine.scheduler.draft_at_prefill = None, False
-    try:
-        yield
-    finally:
-        engine.speculation, engine.scheduler.draft_at_prefill = speculation, at_prefill
 
 
 def timed_proposer(llm: LLM, seconds: collections.Counter) -> None:
@@ -165,9 +146,11 @@ def main() -> None:
     twins = [f"none#{i}" for i in range(2, 2 + args.none_twins)]
     speculative = args.methods.split(",")
     # X/off right after X: taking turns, each run of one sits beside a run of the other
-    methods = ["none", *twins]
-    for method in speculative:
-        methods += [method, f"{method}/off"] if args.own_off else [method]
+    # With --own-off each engine's two kinds of run form a group; `none` runs twice too, the
+    # floor of that comparison (one engine against itself, in the same turns).
+    groups = [[m, f"{m}/off"] if args.own_off else [m] for m in ["none", *speculative]]
+    groups[1:1] = [[twin] for twin in twins]
+    methods = [m for group in groups for m in group]
     llms, phase_seconds = {}, {}
     for method in ["none", *twins, *speculative]:
         llms[method] = build_llm(method, model_name, scratch)
@@ -181,7 +164,7 @@ def main() -> None:
         for counter in phase_seconds.values():
             counter.clear()
         for repeat in range(args.repeats):
-            for method in taking_turns(methods, repeat):
+            for method in turn_order(groups, repeat):
                 engine_of, off = method.removesuffix("/off"), method.endswith("/off")
                 with speculation_off(llms[engine_of]) if off else contextlib.nullcontext():
                     runs[method].append(run(llms[engine_of], batch, params))
@@ -251,6 +234,8 @@ def _cell(runs: dict, phase_seconds: dict, tokens: int) -> dict:
     reference = runs["none"][0][2]
     cell = {"none": {"seconds_median": round(none_seconds, 4),
                      "tokens_per_s": round(tokens / none_seconds, 1)}}
+    if "none/off" in runs:  # the same engine against itself: the floor of the next ratios
+        cell["none"].update(against_own_off(runs["none"], runs["none/off"], reference))
     if len(nones) > 1:
         cell["none_spread"] = {m: round(nones_seconds / medians[m], 3) for m in nones}
     for method, method_runs in runs.items():
@@ -271,15 +256,8 @@ def _cell(runs: dict, phase_seconds: dict, tokens: int) -> dict:
             cell[method]["ratio_vs_nones"] = round(nones_seconds / median, 3)
         off = runs.get(f"{method}/off")
         if off:
-            cell[method]["ratio_vs_own_off"] = round(medians[f"{method}/off"] / median, 3)
-            # Each run against the one beside it (the machine's slow drifts cancel), and the
-            # fastest against the fastest (what is left where the noise only ever adds time).
-            cell[method]["paired_ratio_vs_own_off"] = round(statistics.median(
-                o[0] / r[0] for o, r in zip(off, method_runs)), 3)
-            cell[method]["fastest_ratio_vs_own_off"] = round(min(o[0] for o in off)
-                                                             / min(seconds), 3)
+            cell[method].update(against_own_off(method_runs, off, reference))
             cell[method]["own_off_vs_none"] = round(none_seconds / medians[f"{method}/off"], 3)
-            cell[method]["own_off_same_tokens_as_none"] = all(o == reference for _, _, o in off)
     return cell
 
 

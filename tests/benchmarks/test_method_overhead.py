@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 
 from benchmarks.experiments.method_overhead import _cell, combine_processes
+from benchmarks.experiments.own_off import turn_order
 
 
 def test_a_cell_takes_medians_and_flags_other_tokens():
@@ -57,10 +58,24 @@ def test_an_engine_against_itself_with_speculation_off():
                                            {"ngram": collections.Counter()}, tokens=10)["ngram"]
 
 
+def test_the_same_engine_runs_twice_as_none_and_pairs_alternate_who_goes_first():
+    tokens = [[1]]
+    runs = {"none": [(1.0, 0, tokens), (1.0, 0, tokens)],
+            "none/off": [(1.1, 0, tokens), (0.8, 0, tokens)]}
+    none = _cell(runs, {}, tokens=10)["none"]
+    assert none["paired_ratio_vs_own_off"] == 0.95 and none["fastest_ratio_vs_own_off"] == 0.8
+    assert len(_cell(runs, {}, tokens=10)) == 1  # the floor is no method
+    groups = [["none", "none/off"], ["none#2"], ["ngram", "ngram/off"]]
+    assert turn_order(groups, 0) == ["none", "none/off", "none#2", "ngram", "ngram/off"]
+    assert turn_order(groups, 1) == ["none#2", "ngram/off", "ngram", "none/off", "none"]
+    assert turn_order(groups, 2) == ["ngram", "ngram/off", "none", "none/off", "none#2"]
+
+
 def test_speculation_off_steps_as_none_and_comes_back_on(tmp_path):
     """Inside `speculation_off` an `ngram` engine drafts nothing and gives the same tokens; after
     it, the same engine drafts again (the control: a prompt that repeats itself is drafted)."""
-    from benchmarks.experiments.method_overhead import build_llm, run, speculation_off
+    from benchmarks.experiments.method_overhead import build_llm, run
+    from benchmarks.experiments.own_off import speculation_off
     from engine import SamplingParams
     from engine.models.loader import resolve_model_folder
 
