@@ -173,7 +173,8 @@ def main() -> None:
               file=sys.stderr)
     emit({"benchmark": "method_overhead", "cpu": cpu_model(), "int8_variant": int8_variant(),
           "versions": our_versions(), "workload": args.workload, "max_tokens": args.max_tokens,
-          "repeats": args.repeats, "none_twins": args.none_twins, "cells": cells}, args.output)
+          "repeats": args.repeats, "none_twins": args.none_twins, "own_off": args.own_off,
+          "cells": cells}, args.output)
 
 
 def over_processes(args) -> None:
