@@ -145,7 +145,6 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     twins = [f"none#{i}" for i in range(2, 2 + args.none_twins)]
     speculative = args.methods.split(",")
-    # X/off right after X: taking turns, each run of one sits beside a run of the other
     # With --own-off each engine's two kinds of run form a group; `none` runs twice too, the
     # floor of that comparison (one engine against itself, in the same turns).
     groups = [[m, f"{m}/off"] if args.own_off else [m] for m in ["none", *speculative]]
@@ -195,7 +194,7 @@ def over_processes(args) -> None:
                             *(["--own-off"] if args.own_off else [])],
                            check=True, stdout=subprocess.DEVNULL)
             reports.append(json.loads(output.read_text()))
-    key = "ratio_vs_own_off" if args.own_off else \
+    key = "paired_ratio_vs_own_off" if args.own_off else \
         "ratio_vs_nones" if args.none_twins else "ratio_vs_none"
     cells = combine_processes([report["cells"] for report in reports], key)
     for concurrency, cell in cells.items():
