@@ -53,4 +53,3 @@ def against_own_off(on: list, off: list, reference) -> dict:
             o / r for o, r in zip(off_seconds, on_seconds)), 3),
         "fastest_ratio_vs_own_off": round(min(off_seconds) / min(on_seconds), 3),
         "own_off_same_tokens_as_none": all(out == reference for _, _, out in off)}
-
