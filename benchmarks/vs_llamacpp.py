@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.machine import cpu_model, float_variant, int8_variant, our_versions
+from benchmarks.output_agreement import disagreements, same_weights_labels, without_texts
 
 REFERENCE = "llama-server"  # the label the ratios divide by: llama.cpp's own C++ server
 
@@ -157,7 +158,7 @@ def merge_reports(parts: list[dict]) -> dict:
     config["concurrency"] = [c for part in parts for c in part["config"]["concurrency"]]
     config["num_prompts"] = [part["config"]["num_prompts"]
                              for part in parts for _ in part["config"]["concurrency"]]
-    return {**parts[0], "config": config, "runs": runs}
+    return without_texts({**parts[0], "config": config, "runs": runs})
 
 
 def annotate(serve_report: dict, extra: dict) -> dict:
@@ -224,6 +225,9 @@ def finish(args: argparse.Namespace) -> None:
         "llamacpp_parallel_requests": False,
         "llamacpp_scheduling": LLAMACPP_SCHEDULING,
         "llamacpp_token_count": LLAMACPP_TOKEN_COUNT,
+        "specserve_outputs": {"compared": same_weights_labels(list(servers)),
+                              "differ": disagreements(report, same_weights_labels(list(servers))),
+                              "texts_in": args.logs},
         "server_warnings": server_warnings(Path(args.logs), list(servers)) if args.logs else None,
         "transformers_report": str(args.offline) if args.offline else None,
         "transformers": ({system: {kind: record["tokens_per_s"] for kind, record in by_kind.items()}
@@ -235,6 +239,10 @@ def finish(args: argparse.Namespace) -> None:
     serve_path.write_text(json.dumps(annotate(report, extra), indent=2) + "\n")
     print("\n".join(summary_lines(report, offline)))
     print(f"\nllama.cpp: {extra['versions']['llama.cpp']}, {extra['versions']['llama-server']}")
+    outputs = extra["specserve_outputs"]
+    print(f"greedy answers of {' and '.join(outputs['compared'])}: " + (
+        "equal in every cell" if not outputs["differ"] else
+        f"DIFFER in {len(outputs['differ'])} cells (texts: {args.logs}/serve_c*.json)"))
     print(f"specserve integer kernels: {extra['specserve_int8_kernel_variant']}, float kernels: "
           f"{extra['specserve_float_kernel_variant']}")
     print(f"reports: {serve_path}" + (f", {args.offline}" if args.offline else ""))

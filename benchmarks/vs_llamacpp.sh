@@ -20,7 +20,9 @@
 # `specserve bench serve` drives all of them, taking turns on every workload and load level
 # (greedy, streamed, EOS honoured), one call per concurrency level C with max(--num-prompts, C)
 # prompts per workload (so that C requests are really in flight), merged into OUTPUT.json and
-# OUTPUT.png. Then `specserve bench offline --methods none --hf-modes plain` measures
+# OUTPUT.png (each answer's digest; the texts stay in the parts under the logs folder, and the
+# last lines say whether the two GGUF specserve servers' greedy answers were equal). Then
+# `specserve bench offline --methods none --hf-modes plain` measures
 # transformers generate() on the dequantized float32 weights in one process (batch 1, greedy,
 # EOS ignored; beside it our engine on the same weights) into OUTPUT_transformers.json (.png).
 # Every server and transformers get the same thread count (--threads). The last lines printed
@@ -222,7 +224,8 @@ for level in ${concurrency//,/ }; do
     echo "concurrency $level, $prompts prompts per workload" >&2
     "$bin/specserve" bench serve "${bench[@]}" --workload "$workload" --concurrency "$level" \
         --num-prompts "$prompts" --max-tokens "$max_tokens" --temperature 0 \
-        --output "$logs/serve_c$level.json" --plot "$logs/serve_c$level.png" "$@" >/dev/null
+        --output "$logs/serve_c$level.json" --plot "$logs/serve_c$level.png" --keep-texts "$@" \
+        >/dev/null
     parts+=("$logs/serve_c$level.json")
 done
 stop_servers

@@ -85,6 +85,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=_positive(float), default=600.0,
                    help="seconds one request may take (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (for CI logs)")
+    p.add_argument("--keep-texts", action="store_true",
+                   help="keep each answer's text in the report beside its digest (`outputs`), "
+                        "to diff two servers' outputs token by token")
     p.add_argument("--output", default=None, help="write the JSON report here too")
     p.add_argument("--plot", default=None,
                    help="PNG figure to write (default: the --output path with .png)")

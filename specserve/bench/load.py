@@ -127,6 +127,7 @@ async def send(client: httpx.AsyncClient, target: Target, workload: Workload,
     if violation:
         record.error = f"{ANSWER_VIOLATION}: {violation}"
     record.output_tokens = (usage or {}).get("completion_tokens") or len(record.chunk_times)
+    record.text = answer.text + (json.dumps(answer.calls, sort_keys=True) if answer.calls else "")
     record.prompt_tokens = (usage or {}).get("prompt_tokens")
     return record
 

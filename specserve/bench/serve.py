@@ -24,7 +24,7 @@ from specserve.bench.load import CANCELLED, Disconnects, RequestOptions, Target,
 from specserve.bench.report import finish, load_report
 from specserve.bench.server_metrics import scrape_spec_counters, speculation_summary
 from specserve.bench.server_state import sample_states, scrape_state, state_when_idle
-from specserve.bench.serving_metrics import summarize, timeline
+from specserve.bench.serving_metrics import outputs_of, summarize, timeline
 from specserve.bench.workloads import Workload, load_dataset, load_workloads
 
 ALL_PROMPTS = 10_000  # more than any bundled set holds
@@ -91,8 +91,11 @@ class Soak:
 
 async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
                     levels: list[LoadLevel], options: RequestOptions, seed: int,
-                    timeout: float, progress: bool, soak: Soak = Soak()) -> list[dict]:
-    """One record a target: its identity and one result per (kind, level)."""
+                    timeout: float, progress: bool, soak: Soak = Soak(),
+                    keep_texts: bool = False) -> list[dict]:
+    """One record a target: its identity and one result per (kind, level). A result lists each
+    answer's digest (`outputs`; with `keep_texts`, its text too), except in a soak, whose prompts
+    cycle for minutes."""
     most_in_flight = max(level.concurrency or len(items)
                          for level in levels for items in workloads.values())
     limits = httpx.Limits(max_connections=most_in_flight + 2, max_keepalive_connections=None)
@@ -142,6 +145,8 @@ async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
                               "speculative": speculation_summary(before, after)}
                     if attacker is not None:
                         result["hostile"] = hostile
+                    if not soak.duration_s:
+                        result["outputs"] = outputs_of(served, keep_texts)
                     if soak.duration_s:
                         result["timeline"] = timeline(records, soak.window_s, CANCELLED)
                         result["server_state"] = {
@@ -164,7 +169,8 @@ def run(args) -> dict:
     soak = Soak(args.duration, Disconnects(args.disconnect_fraction, args.disconnect_within),
                 args.hostile_rate)
     runs = asyncio.run(benchmark(targets, workloads, levels, options, args.seed, args.timeout,
-                                 progress=not args.no_progress, soak=soak))
+                                 progress=not args.no_progress, soak=soak,
+                                 keep_texts=args.keep_texts))
     report = {
         "benchmark": "serve",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

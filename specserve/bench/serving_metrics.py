@@ -13,6 +13,7 @@ milliseconds in summaries, as vLLM prints them. Pure functions: no I/O, no clock
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ class RequestRecord:
     output_tokens: int = 0  # usage.completion_tokens, or the count of text chunks without usage
     prompt_tokens: int | None = None  # usage.prompt_tokens when the server reports it
     error: str | None = None
+    text: str = ""  # what the answer said: its text, then its tool calls as JSON, if any
 
     @property
     def ok(self) -> bool:
@@ -103,6 +105,19 @@ def summarize(records: list[RequestRecord], duration: float) -> dict:
         "itl_ms": distribution_ms([gap for r in done for gap in r.itls]),
         "e2el_ms": distribution_ms([r.latency for r in done]),
     }
+
+
+def output_digest(text: str) -> str:
+    """A short fingerprint of an answer's text: two servers that generated the same tokens give
+    the same digest, so greedy outputs can be compared without keeping the texts."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def outputs_of(records: list[RequestRecord], with_texts: bool = False) -> list[list[str]]:
+    """[prompt id, digest] (and the text, `with_texts`) of each completed request, in send
+    order."""
+    return [[record.prompt_id, output_digest(record.text)] + ([record.text] if with_texts else [])
+            for record in records if record.ok]
 
 
 def timeline(records: list[RequestRecord], window_s: float, cancelled: str) -> list[dict]:

@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+from benchmarks.output_agreement import disagreements
+from specserve.bench.serving_metrics import output_digest
+
 SUMMARY_KEYS = {"num_requests", "completed", "failed", "errors", "duration_s",
                 "total_input_tokens", "total_output_tokens", "request_throughput",
                 "output_throughput", "total_token_throughput", "ttft_ms", "tpot_ms", "itl_ms",
@@ -28,7 +31,8 @@ def test_sweep_of_two_targets_reports_every_metric(server, tmp_path):
     result = bench("serve", "--base-url", server.base_url, "--base-url", server.base_url + "/v1/",
                    "--label", "first", "--label", "second", "--workload", "code,chat",
                    "--num-prompts", "3", "--max-tokens", "8", "--ignore-eos",
-                   "--concurrency", "1,2", "--no-progress", "--output", str(output))
+                   "--concurrency", "1,2", "--no-progress", "--keep-texts",
+                   "--output", str(output))
     assert result.returncode == 0, result.stderr
     report = json.loads(output.read_text())
     assert json.loads(result.stdout) == report
@@ -51,6 +55,14 @@ def test_sweep_of_two_targets_reports_every_metric(server, tmp_path):
             spec = r["speculative"]  # the default server speculates with n-grams
             assert spec is not None and spec["num_draft_tokens"] >= spec["num_accepted_tokens"] >= 0
             assert spec["acceptance_rate"] is None or 0 <= spec["acceptance_rate"] <= 1
+    # The same server answered the same greedy prompts alike, and each digest is its text's.
+    answers = [{(r["kind"], r["max_concurrency"]): r["outputs"] for r in run["results"]}
+               for run in report["runs"]]
+    assert answers[0] == answers[1]
+    for outputs in answers[0].values():
+        assert len(outputs) == 3 and all(digest == output_digest(text) and text
+                                         for _, digest, text in outputs)
+    assert disagreements(report, ["first", "second"]) == []
     assert figure.read_bytes().startswith(PNG_MAGIC)  # beside the JSON by default
 
     side_by_side = tmp_path / "compare.png"
