@@ -71,6 +71,14 @@ def test_reports_per_load_level_merge_by_server_then_workload_then_level():
     assert merged["benchmark"] == "serve" and merged["config"]["max_tokens"] == 128
 
 
+def test_merged_report_keeps_each_answers_digest_and_drops_its_text():
+    part = level_report(1, 8)
+    part["runs"][0]["results"][0]["outputs"] = [["p1", "0123abcd", "def f(): pass"]]
+    merged = merge_reports([part, level_report(16, 16)])
+    assert merged["runs"][0]["results"][0]["outputs"] == [["p1", "0123abcd"]]
+    assert "outputs" not in merged["runs"][1]["results"][0]  # a server with none stays so
+
+
 def test_reports_of_different_servers_do_not_merge():
     with pytest.raises(ValueError, match="different servers"):
         merge_reports([level_report(1, 8), level_report(16, 16, labels=("llama-server",))])
