@@ -147,7 +147,7 @@ async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
                         result["hostile"] = hostile
                     if not soak.duration_s:
                         result["outputs"] = outputs_of(served, keep_texts)
-                    if soak.duration_s:
+                    else:
                         result["timeline"] = timeline(records, soak.window_s, CANCELLED)
                         result["server_state"] = {
                             "before": state_before, "during": states,
