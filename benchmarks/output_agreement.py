@@ -23,22 +23,19 @@ def digests_by_prompt(result: dict) -> dict[str, list[str]]:
     return {prompt_id: sorted(digests) for prompt_id, digests in found.items()}
 
 
-def disagreements(serve_report: dict, labels: list[str]) -> list[dict]:
-    """Per (workload, concurrency), the prompts whose answers from a server in `labels` differ
-    from the first such server's; a prompt answered by only one of them counts as differing.
-    [] where every compared cell agrees."""
+def disagreements(cells: dict[tuple, dict[str, dict]], labels: list[str]) -> list[dict]:
+    """Per (workload, concurrency) of `cells` ({(kind, concurrency): {label: result}}, as
+    vs_llamacpp.throughput_cells groups a serve report), the prompts whose answers from a server
+    in `labels` differ from the first such server's; a prompt answered by only one of them counts
+    as differing. [] where every compared cell agrees."""
     found = []
-    by_cell: dict[tuple, dict[str, dict]] = {}
-    for run in serve_report["runs"]:
-        if run["label"] in labels:
-            for result in run["results"]:
-                key = (result["kind"], result["max_concurrency"])
-                by_cell.setdefault(key, {})[run["label"]] = digests_by_prompt(result)
-    for (kind, concurrency), by_label in by_cell.items():
+    for (kind, concurrency), by_label in cells.items():
         present = [label for label in labels if label in by_label]
-        first = by_label[present[0]]
+        if not present:
+            continue
+        first = digests_by_prompt(by_label[present[0]])
         for label in present[1:]:
-            other = by_label[label]
+            other = digests_by_prompt(by_label[label])
             differing = sorted(p for p in first.keys() | other.keys()
                                if first.get(p) != other.get(p))
             if differing:

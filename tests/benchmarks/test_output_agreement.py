@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from benchmarks.output_agreement import (digests_by_prompt, disagreements, same_weights_labels,
                                          without_texts)
+from benchmarks.vs_llamacpp import throughput_cells
 from specserve.bench.serving_metrics import RequestRecord, output_digest, outputs_of
 
 
@@ -31,14 +32,14 @@ def test_only_the_gguf_specserve_servers_are_compared():
 
 def test_equal_answers_agree_whatever_the_other_servers_said():
     answers = [("p1", "def f(): pass"), ("p2", "x = 1")]
-    assert disagreements(report(answers, list(reversed(answers))),
+    assert disagreements(throughput_cells(report(answers, list(reversed(answers)))),
                          same_weights_labels(LABELS)) == []
 
 
 def test_one_differing_answer_is_named_with_its_cell_and_servers():
     none = [("p1", "def f(): pass"), ("p2", "x = 1")]
     ngram = [("p1", "def f(): pass"), ("p2", "x = 2")]  # the control: one token apart
-    assert disagreements(report(none, ngram), same_weights_labels(LABELS)) == [
+    assert disagreements(throughput_cells(report(none, ngram)), same_weights_labels(LABELS)) == [
         {"workload": "code", "concurrency": 1, "servers": ["specserve-none", "specserve-ngram"],
          "prompts": ["p2"]}]
 
@@ -47,7 +48,8 @@ def test_a_prompt_sent_twice_compares_as_a_multiset_and_a_missing_answer_differs
     twice = cell("code", 16, [("p1", "a"), ("p1", "b")])
     assert digests_by_prompt(twice) == {"p1": sorted([output_digest("a"), output_digest("b")])}
     none, ngram = [("p1", "a"), ("p1", "b")], [("p1", "b"), ("p1", "a"), ("p2", "c")]
-    found = disagreements(report(none, ngram), ["specserve-none", "specserve-ngram"])
+    found = disagreements(throughput_cells(report(none, ngram)),
+                          ["specserve-none", "specserve-ngram"])
     assert [entry["prompts"] for entry in found] == [["p2"]]
 
 
