@@ -47,11 +47,37 @@ def run_interpreted(module: str, *args: str) -> None:
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-4000:]
 
 
+def fixed_order_dot() -> None:
+    """Makes the interpreter's float32 `tl.dot` sum each output's products in one fixed order.
+
+    The interpreter computes `tl.dot` with numpy's matmul, and numpy's OpenBLAS gives a row a
+    result that depends on where the row sits in the matrix and what comes with it on AVX2-only
+    CPUs (its Haswell and Zen kernels; 168 of 256 row placements differed on a 16x64 by 64x64
+    product, OpenBLAS 0.3.31), though not with its AVX-512 kernels. A GPU's matrix instruction
+    reduces an output over K in the same order whatever the other rows hold, and that is what
+    the kernels' row-invariance checks assume of `tl.dot`; here each output is summed over K in
+    index order, so the checks test the kernels' own reduction order on every CPU."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    blas_dot = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if not (a.data.dtype == b.data.dtype == d.data.dtype == np.float32):
+            return blas_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        products = a.data[..., :, :, None] * b.data[..., None, :, :]
+        return interpreter.TensorHandle(products.sum(axis=-2) + d.data, d.dtype.scalar)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
 def main(checks: dict[str, Callable[..., None]]) -> None:
     """A cases module's entry: runs checks[argv[1]] with argv[2:] on the CPU, on the torch path
-    CUDA runs (the CPU extension's fused ops off), then prints "ok"."""
+    CUDA runs (the CPU extension's fused ops off), with a fixed-order `tl.dot`, then prints
+    "ok"."""
     import engine.quant.kernels as kernels
 
     kernels.load_kernel = lambda: None
+    fixed_order_dot()
     run_on(checks[sys.argv[1]], torch.device("cpu"), *sys.argv[2:])
     print("ok")
