@@ -101,14 +101,20 @@ def our_versions() -> dict:
     return versions
 
 
-def cpu_model() -> str | None:
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The CPU's name with its family and model numbers: under a hypervisor the name is often
+    just "AMD EPYC", which Zen 3 (family 25 model 1), Zen 4 (25, 17) and Zen 5 (26, 2) share."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields = dict(line.split(":", 1) for line in
+                      cpuinfo.read_text().split("\n\n")[0].splitlines() if ":" in line)
     except OSError:
-        pass
-    return None
+        return None
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    if "model name" not in fields:
+        return None
+    if "cpu family" not in fields or "model" not in fields:
+        return fields["model name"]
+    return f"{fields['model name']} (family {fields['cpu family']} model {fields['model']})"
 
 
 def device_facts(device) -> dict:
