@@ -105,16 +105,15 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     """The CPU's name with its family and model numbers: under a hypervisor the name is often
     just "AMD EPYC", which Zen 3 (family 25 model 1), Zen 4 (25, 17) and Zen 5 (26, 2) share."""
     try:
-        fields = dict(line.split(":", 1) for line in
-                      cpuinfo.read_text().split("\n\n")[0].splitlines() if ":" in line)
+        first_processor = cpuinfo.read_text().split("\n\n")[0]
     except OSError:
         return None
-    fields = {key.strip(): value.strip() for key, value in fields.items()}
-    if "model name" not in fields:
-        return None
-    if "cpu family" not in fields or "model" not in fields:
-        return fields["model name"]
-    return f"{fields['model name']} (family {fields['cpu family']} model {fields['model']})"
+    fields = {key.strip(): value.strip() for key, _, value in
+              (line.partition(":") for line in first_processor.splitlines())}
+    name = fields.get("model name")
+    if name and "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']} model {fields['model']})"
+    return name
 
 
 def device_facts(device) -> dict:

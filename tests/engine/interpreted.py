@@ -55,8 +55,9 @@ def fixed_order_dot() -> None:
     CPUs (its Haswell and Zen kernels; 168 of 256 row placements differed on a 16x64 by 64x64
     product, OpenBLAS 0.3.31), though not with its AVX-512 kernels. A GPU's matrix instruction
     reduces an output over K in the same order whatever the other rows hold, and that is what
-    the kernels' row-invariance checks assume of `tl.dot`; here each output is summed over K in
-    index order, so the checks test the kernels' own reduction order on every CPU."""
+    the kernels' row-invariance checks assume of `tl.dot`; here each output's K products are
+    summed in an order that depends on K alone, so the checks test the kernels' own reduction
+    order on every CPU."""
     import numpy as np
     from triton.runtime import interpreter
 

@@ -68,3 +68,50 @@ def test_columns_per_program_follow_the_weight_alone():
 
     # SmolLM2's products: o and down (576), qkv (960), gate/up (3072), the LM head (49152)
     assert [block_columns(n) for n in (48, 576, 960, 3072, 49152)] == [16, 16, 16, 32, 128]
+
+
+
+def _placement_free(dot, a) -> bool:
+    """Whether row 3 of `a` comes out of `dot` bitwise the same alone and at rows 0, 5 and 15."""
+    import numpy as np
+
+    alone = dot(a[3:4])[0]
+    for place in (0, 5, 15):
+        rows = a.copy()
+        rows[place] = a[3]
+        if not np.array_equal(dot(rows)[place], alone):
+            return False
+    return True
+
+
+def test_the_interpreters_dot_gives_a_row_the_same_product_wherever_it_sits(monkeypatch):
+    """The interpreted checks' `tl.dot` (interpreted.fixed_order_dot): a row's product is bitwise
+    the same alone and at any place among other rows, and equals float64's within rounding.
+    Negative control: a product whose rows after the first sum K in two halves fails the check."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    from tests.engine.interpreted import fixed_order_dot
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot",
+                        interpreter.InterpreterBuilder.create_dot)
+    fixed_order_dot()
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 64)).astype(np.float32)
+
+    def dot(rows, weight=b):
+        handles = [interpreter.TensorHandle(x, tl.float32)
+                   for x in (rows, weight, np.zeros((len(rows), 64), np.float32))]
+        return interpreter.InterpreterBuilder.create_dot(None, *handles, "ieee", 0).data
+
+    def split_after_first(rows):
+        out = dot(rows)
+        out[1:] = dot(rows[1:, :32].copy(), b[:32]) + dot(rows[1:, 32:].copy(), b[32:])
+        return out
+
+    assert _placement_free(dot, a)
+    np.testing.assert_allclose(dot(a[3:4])[0], a[3].astype(np.float64) @ b, rtol=1e-4,
+                               atol=1e-4)
+    assert not _placement_free(split_after_first, a)
