@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from engine.config import SPECULATIVE_METHODS, SUFFIX_CACHE_SCOPES
+from server.speculative_config_json import apply_speculative_config
 
 
 def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +39,21 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
                    help="longest n-gram the ngram proposer looks up (default: %(default)s)")
     p.add_argument("--ngram-min", type=int, default=1,
                    help="shortest n-gram the ngram proposer looks up (default: %(default)s)")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="vLLM's speculative config as JSON, e.g. '{\"method\": \"eagle3\", "
+                        "\"model\": \"HEAD\", \"num_speculative_tokens\": 3}': method (ngram, "
+                        "suffix, draft_model, eagle, eagle3), model, num_speculative_tokens, "
+                        "prompt_lookup_min/max, suffix_decoding_*; a key not supported is an "
+                        "error (docs/bring-your-own-speculator.md)")
     add_suffix_arguments(p)
+
+
+def with_speculative_config(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with --speculative-config's JSON turned into our flags (ValueError on a key we
+    do not support, or on a separate flag that says otherwise)."""
+    defaults = argparse.ArgumentParser(add_help=False)
+    add_speculative_arguments(defaults)
+    return apply_speculative_config(args, vars(defaults.parse_args([])))
 
 
 def add_suffix_arguments(p: argparse.ArgumentParser) -> None:

@@ -228,7 +228,7 @@ class EagleProposer(Proposer):
                                         self.block_size, self.device)
         ids, pos = copy_to_device([torch.tensor(token_ids, dtype=torch.long),
                                    torch.tensor(positions, dtype=torch.long)], self.device)
-        return self.head(features, self.target.embed(ids), pos, self.kv_cache, meta)
+        return self.head(features, self.head.embed(ids, self.target), pos, self.kv_cache, meta)
 
     def _pick_drafts(self, predicted: torch.Tensor, requests, drafts_so_far):
         """Each request's next draft from the head's predicted features: (tokens, per request

@@ -108,6 +108,10 @@ class EagleHead(nn.Module):
         self.lm_head.packed_weight = None
 
     # ----------------------------------------------------------------- inference
+    def embed(self, token_ids: torch.Tensor, target) -> torch.Tensor:  # [n, H]
+        """Token embeddings as the head reads them: the target's own."""
+        return target.embed(token_ids)
+
     @torch.inference_mode()
     def kept_columns(self, hidden: torch.Tensor) -> torch.Tensor:
         """The columns of the target's `hidden_states` rows (the last layer's output, then the

@@ -17,7 +17,7 @@ from engine.spec_decode.auto import AutoProposer
 from engine.spec_decode.controller import SpeculationController
 from engine.spec_decode.cost_probe import measure_step_cost
 from engine.spec_decode.eagle import EagleProposer
-from engine.spec_decode.eagle_head import load_head
+from engine.spec_decode.draft_heads import load_draft_head
 from engine.spec_decode.layer_skip import calibration_cache_file, choose_layers
 from engine.spec_decode.model_drafter import ModelDrafter
 from engine.spec_decode.ngram import NgramLookup, NgramProposer
@@ -92,8 +92,8 @@ def build_auto(spec: SpeculativeConfig, engine,
 def build_eagle(spec: SpeculativeConfig, engine, step_cost: LinearCostModel,
                 with_ngram: bool = True) -> tuple[EagleProposer, ModelDraftCost]:
     model = engine.runner.model
-    head = load_head(head_folder(spec.draft_head, engine.model_name), model, engine.device,
-                     engine.dtype)
+    head = load_draft_head(head_folder(spec.draft_head, engine.model_name), model,
+                           engine.device, engine.dtype)
     kv_cache = KVCache(head.arch, engine.runner.kv_cache.num_blocks, engine.limits.block_size,
                        engine.dtype, engine.device)
     ngram = (max(spec.ngram_max, spec.eagle_ngram_min), spec.eagle_ngram_min) \
@@ -131,13 +131,14 @@ def head_folder(draft_head: str | None, model_name: str) -> Path:
 def measure_head_step(head, target, kv_cache, block_size: int, device) -> float:
     """Seconds of one draft step of one sequence: the head's layer and its LM head rows."""
     meta = build_attention_metadata([1], [1], [[0]], block_size, device)
-    features = torch.zeros(1, target.arch.hidden_size, dtype=target.norm.weight.dtype,
+    features = torch.zeros(1, head.norm.weight.shape[0], dtype=target.norm.weight.dtype,
                            device=device)
     ids = torch.zeros(1, dtype=torch.long, device=device)
     timings = []
     for _ in range(4):
         start = time.perf_counter()
-        head.draft_logits(head(features, target.embed(ids), ids, kv_cache, meta)).argmax().item()
+        head.draft_logits(head(features, head.embed(ids, target), ids, kv_cache, meta)
+                          ).argmax().item()
         timings.append(time.perf_counter() - start)
     return min(timings[1:])
 

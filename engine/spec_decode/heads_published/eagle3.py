@@ -1,0 +1,122 @@
+"""The EAGLE-3 draft head as published checkpoints define it (EAGLE, SpecForge, `speculators`;
+vLLM's and SGLang's `llama_eagle3`), on our paged KV and CPU kernels.
+
+Where it differs from our own head (engine/spec_decode/eagle_head.py):
+
+    g_t = fc([a_1 ; a_2 ; a_3])          the target's residual stream entering three layers,
+                                         raw (not normalized), a [3 H_target -> H] projection
+    residual = g  (or hidden_norm(g) with norm_before_residual)
+    x = [input_layernorm(embed(x_{t+1})) ; hidden_norm(g)]      2H wide, into q/k/v only
+    h = residual + o_proj(attention(x))
+    p = h + mlp(post_attention_layernorm(h))                    the "pre-norm" output
+    logits = lm_head(norm(p))            over the draft vocabulary; draft id d is target id
+                                         d + d2t[d]
+
+Drafting feeds p (not norm(p)) back in place of g, as vLLM's and SGLang's proposers do. The
+interface is the one EagleProposer reads from EagleHead: `kept_columns`, `target_features`,
+`embed`, `forward`, `draft_logits`, `token_ids`, `arch`, `feature_layers`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from engine.models.architecture import LlamaArchitecture
+from engine.models.decoder_layer import Attention
+from engine.models.layers import MLP, Linear, RMSNorm, RotaryEmbedding
+
+
+@dataclass
+class PublishedHeadInfo:
+    """Where a published head came from, for logs and the controller's prior."""
+
+    format: str  # "eagle3" (EAGLE / SpecForge layout) or "speculators-eagle3"
+    folder: str
+    training: dict | None = None  # no held-out acceptance is published in the checkpoint
+
+
+class Eagle3Layer(nn.Module):
+    """EAGLE-3's one decoder layer: q/k/v read [embeddings ; features] (2H), the residual
+    stream is the features alone."""
+
+    def __init__(self, arch: LlamaArchitecture, norm_before_residual: bool):
+        super().__init__()
+        hidden = arch.hidden_size
+        self.norm_before_residual = norm_before_residual
+        self.input_layernorm = RMSNorm(hidden, arch.rms_norm_eps)
+        self.hidden_norm = RMSNorm(hidden, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(hidden, arch.rms_norm_eps)
+        # Our Attention sized for a 2H input, its output projection back to H.
+        self.self_attn = Attention(replace(arch, hidden_size=2 * hidden))
+        self.self_attn.o_proj = Linear(arch.num_heads * arch.head_dim, hidden, bias=arch.o_bias)
+        self.mlp = MLP(arch)
+
+    def forward(self, features, next_embeds, rope, k_cache, v_cache, meta) -> torch.Tensor:
+        normed = self.hidden_norm(features)
+        residual = normed if self.norm_before_residual else features
+        x = torch.cat([self.input_layernorm(next_embeds), normed], dim=-1)
+        h = self.self_attn(x, rope, k_cache, v_cache, meta, residual=residual)
+        return self.mlp(self.post_attention_layernorm(h), residual=h)
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, arch: LlamaArchitecture, target_arch: LlamaArchitecture,
+                 feature_layers: Sequence[int], draft_vocab_size: int, *,
+                 norm_before_residual: bool = False, own_embeddings: bool = False,
+                 fc_bias: bool = False):
+        """`arch`: the head's own layer (one layer); `feature_layers`: the target layers whose
+        outputs the head reads, in our numbering (output of layer i; EAGLE-3's id i + 1)."""
+        super().__init__()
+        self.arch = replace(arch, num_layers=1, layer_windows=(), sparse_layers=())
+        self.target_arch = target_arch
+        self.feature_layers = tuple(feature_layers)
+        hidden = arch.hidden_size
+        self.fc = Linear(len(self.feature_layers) * target_arch.hidden_size, hidden, bias=fc_bias)
+        self.layer = Eagle3Layer(self.arch, norm_before_residual)
+        self.norm = RMSNorm(hidden, arch.rms_norm_eps)
+        self.lm_head = Linear(hidden, draft_vocab_size)
+        # The head's own embeddings where the checkpoint has them; else the target's.
+        self.embed_tokens = nn.Embedding(target_arch.vocab_size, hidden) if own_embeddings \
+            else None
+        # Target vocabulary id of each draft-vocabulary row: arange + d2t.
+        self.register_buffer("token_ids", torch.zeros(draft_vocab_size, dtype=torch.long))
+        with torch.device("cpu"):
+            self.rotary = RotaryEmbedding(self.arch)
+        self.config = PublishedHeadInfo("eagle3", "")
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.token_ids.shape[0]
+
+    @torch.inference_mode()
+    def kept_columns(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The feature layers' columns of the target's `hidden_states` rows."""
+        return hidden[:, self.target_arch.hidden_size:]
+
+    def target_features(self, kept: torch.Tensor, final_norm: RMSNorm) -> torch.Tensor:
+        """[n, H] g_t = fc of the raw feature-layer outputs (EAGLE-3 normalizes nothing here;
+        `final_norm` is unused, taken for EagleHead's signature)."""
+        return self.fc(kept.to(self.norm.weight.dtype).contiguous())
+
+    def embed(self, token_ids: torch.Tensor, target) -> torch.Tensor:  # [n, H]
+        if self.embed_tokens is None:
+            return target.embed(token_ids)
+        return self.embed_tokens(token_ids)
+
+    @torch.inference_mode()
+    def forward(self, features: torch.Tensor,  # [n, H] g_t or the head's own p
+                next_embeds: torch.Tensor,  # [n, H] embedding of token t+1
+                positions: torch.Tensor,  # [n] t
+                kv_cache, meta) -> torch.Tensor:  # [n, H] p, the pre-norm output
+        dtype = self.norm.weight.dtype
+        k_cache, v_cache = kv_cache[0]
+        return self.layer(features.to(dtype), next_embeds.to(dtype),
+                          self.rotary.at(positions, dtype), k_cache, v_cache, meta)
+
+    @torch.inference_mode()
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:  # [n, draft_vocab] float32
+        return self.lm_head(self.norm(features)).float()
