@@ -16,7 +16,10 @@ and at T = 0.7 (seeded), and fresh chat as the control. Per workload and method:
 tokens per second (at batch 1 over the requests' latencies, at concurrency N over the sum of
 the waves' wall times), acceptance from `usage.speculative` (llama-server's `timings` draft counts), and
 suffix's tokens/s over every other target's. Greedy and seeded outputs of our methods must agree
-(lossless; llama.cpp's numerics differ); the report says whether they did. The machine's load
+(lossless; llama.cpp's numerics differ); the report says whether they did. Each server gets
+one untimed request first; its seconds, and each server's start to healthy (its own warm-up
+included), are reported apart. On a GPU our servers split the card's memory between them
+(benchmarks/agentic_servers.py `gpu_share_args`). The machine's load
 (`uptime`) is recorded before and after. `--plot` draws the report (benchmarks/agentic_plot.py).
 `--baseline REF` also serves `--baseline-methods` from REF checked out beside this tree (labelled
 `<method>-baseline`, their outputs held to ours), and reports each method's tokens/s over its
@@ -35,7 +38,10 @@ from pathlib import Path
 
 from benchmarks.agentic_run import (Chat, Target, TurnRecord, http_chat, over_baseline,
                                     renumbered, run_in_waves, run_interleaved, summarize)
-from benchmarks.agentic_servers import start_all
+from benchmarks.agentic_offline import (OFFLINE_URL, OfflineEngines, offline_targets,
+                                       server_over_offline)
+from benchmarks.agentic_servers import (gpu_share_args, serves_on_gpu, start_all,
+                                        warm_up_targets)
 from benchmarks.agentic_workloads import (DEFAULT_REPEATS, WORKLOAD_NAMES,
                                           Workload, all_workloads,
                                           select_workloads)
@@ -79,6 +85,32 @@ def run_rounds(rounds: list[list[Workload]], targets: list[Target], chat: Chat,
             for name, found in records.items()}
 
 
+def answer(target: Target, system, messages, turn, offline: OfflineEngines, max_tokens: int):
+    """A turn to a server over HTTP, or to an engine in this process."""
+    if target.url.startswith(OFFLINE_URL):
+        return offline.chat(target, system, messages, turn, max_tokens)
+    return http_chat(target, system, messages, turn, max_tokens)
+
+
+# `specserve serve` flags the offline engines take too (the rest are the server's own)
+SHARED_FLAGS = {"--model": ("model", str), "--dtype": ("dtype", str),
+                "--device": ("device", str), "--max-model-len": ("max_model_len", int)}
+
+
+def offline_engine_options(server_args: list[str], num_engines: int) -> dict:
+    """The servers' model, dtype, device and context as LLM options, and on a GPU the offline
+    engines' share of the card, as the servers have theirs."""
+    options = {}
+    for flag, value in zip(server_args, server_args[1:]):
+        if flag in SHARED_FLAGS:
+            name, kind = SHARED_FLAGS[flag]
+            options[name] = kind(value)
+    share = gpu_share_args(server_args, num_engines, serves_on_gpu(server_args))
+    if share:
+        options["gpu_memory_utilization"] = float(share[1])
+    return options
+
+
 def _load() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
@@ -99,6 +131,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="run the workloads this often, drawn afresh each round (seed + "
                              "round), and report the sums: more requests against the noise")
     parser.add_argument("--server-args", default="", help="more `specserve serve` flags")
+    parser.add_argument("--offline", default="", metavar="METHODS",
+                        help="also answer every turn with the engine offline (an LLM in this "
+                             "process) for these methods: <method>_over_offline in the report")
     parser.add_argument("--llama-server", default=None, metavar="PATH",
                         help="llama-server binary: compare with its --spec-type ngram-cache")
     parser.add_argument("--llama-server-plain", action="store_true",
@@ -116,6 +151,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.concurrency < 1 or args.rounds < 1:
         parser.error(f"--concurrency and --rounds must be >= 1, got {args.concurrency} and "
                      f"{args.rounds}")
+    if args.offline and args.concurrency > 1:
+        parser.error("--offline runs at batch 1 only (one LLM answers one turn at a time)")
     if args.llama_server_plain and not args.llama_server:
         parser.error("--llama-server-plain needs --llama-server PATH")
     return args
@@ -139,11 +176,24 @@ def main(argv: list[str] | None = None) -> None:
         tree = stack.enter_context(baseline_tree(args.baseline))
         baseline = (tree, stack.enter_context(tempfile.TemporaryDirectory()),
                     args.baseline_methods.split(",")) if tree else None
+        offline_methods = [m for m in args.offline.split(",") if m]
         servers = start_all(args.methods.split(","), args.server_args.split(),
                             Path(args.log_dir), args.llama_server, args.llama_server_plain,
-                            args.llama_server_threads, args.concurrency, baseline)
-        chat = partial(http_chat, max_tokens=args.max_tokens)
-        results = run_rounds(rounds, servers.targets, chat, args.concurrency)
+                            args.llama_server_threads, args.concurrency, baseline,
+                            num_other_engines=len(offline_methods))
+        warmup_seconds = warm_up_targets(servers.targets, args.max_tokens)
+        targets, chat = servers.targets, partial(http_chat, max_tokens=args.max_tokens)
+        if offline_methods:
+            offline = OfflineEngines(offline_methods,
+                                     offline_engine_options(
+                                         args.server_args.split(),
+                                         sum(t.ours for t in servers.targets)
+                                         + len(offline_methods)))
+            targets = targets + offline_targets(offline_methods)
+            chat = partial(answer, offline=offline, max_tokens=args.max_tokens)
+        results = run_rounds(rounds, targets, chat, args.concurrency)
+        for result in results.values():
+            result.update(server_over_offline(result))
         servers.stop()
     report = {"benchmark": "agentic", "cpu": cpu_model(), "cpu_note": args.cpu_note,
               "versions": our_versions(), "batch": 1 if args.concurrency == 1 else None,
@@ -151,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
               "scale": args.scale, "repeats": args.repeats, "seed": args.seed,
               "rounds": args.rounds, "baseline": args.baseline,
               "server_args": args.server_args, "servers": servers.commands,
+              "server_start_seconds": servers.start_seconds, "warmup_seconds": warmup_seconds,
               "load_before": load_before, "load_after": _load(), "workloads": results}
     emit(report, args.output)
     if args.plot:

@@ -11,6 +11,7 @@
 #   benchmarks/device_check.sh model run             # carry .gpu/c: suite in shards, benchmarks
 #   benchmarks/device_check.sh model gpu_tests profile   # carry .gpu/c: issue 45's checks
 #   benchmarks/device_check.sh model invariance_check    # carry .gpu/c: bfloat16 row invariance
+#   benchmarks/device_check.sh model serve70         # carry .gpu/c: issue 70's serving figures
 #   benchmarks/device_check.sh wheels tiles   # one call, no model: the invariant product's tiles
 #   benchmarks/device_check.sh wheels trace   # one call, no model pieces: carry .whl and
 #       .gpu/smol (the default model's config and tokenizer files, copied from its folder in
@@ -215,6 +216,24 @@ invariance_check() {
         --output "$OUT/real_size_invariant_${gpu}.json" >>"$log" 2>&1
     echo "== real_size rc $?"
     grep -E "Error|Traceback" "$log" | head -10
+}
+
+# Issue 70 through the server (benchmarks/serve_check.py), at most 7 minutes after `model`: the
+# default model in bfloat16 on CUDA; cold start to /ready (empty Triton cache) and warm start; the
+# first 100 requests after /ready against steady traffic (TTFT p99); TTFT at batch 1 for prompts
+# of 16-512 tokens; 64 concurrent x 256 tokens twice; the first-use counters after ready; the
+# agent loop and templated traffic through `none`/`suffix` servers against the same engines
+# offline (benchmarks/agentic.py --offline). One JSON naming the GPU and torch/Triton/CUDA.
+serve70() {
+    local log="$OUT/serve70.log" gpu
+    gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+    timeout -k 20 "${SERVE70_S:-420}" python3 -m benchmarks.serve_check \
+        --server-args "--dtype bfloat16 --device cuda" --work /tmp/serve70 \
+        --output "$OUT/serve70_${gpu}.json" >"$log" 2>&1
+    echo "== serve_check rc $?"
+    tail -c 20000 /tmp/serve70/server.log >"$OUT/serve70_server.log" 2>/dev/null
+    grep -E "Error|Traceback|first use after ready" "$log" /tmp/serve70/*.log | head -20
+    true
 }
 
 # The row-invariant product's tiles (benchmarks/experiments/invariant_tiles.py): 48 candidates

@@ -12,6 +12,12 @@ compare ratios, not absolute numbers.
    and for greedy runs whether the tokens equal `none`'s.
 2. The matrix (`--matrix-methods` x `--concurrency` x workloads, greedy): the workload's prompts
    cycled to c requests in one generate call; tokens/s and the ratio to `none` measured beside it.
+   A cell runs `--matrix-max-tokens` (256; on a GPU at least MIN_MATRIX_TOKENS) a request, after
+   an untimed pass of `none` and the method at the same batch and prompt lengths (each token id
+   shifted by one, so that a suffix cache does not learn the timed outputs): a GPU cell of 32
+   tokens at shapes met for the first time measured warm-up, `none` at 64 requests reading
+   1,659 and 8,750 tok/s in two runs minutes apart (issue 70). Warm-up seconds are reported
+   apart (`warmup_seconds`, per cell and in all).
 
 JSON to stdout and --output; a figure to --plot.
 """
@@ -31,6 +37,7 @@ import torch
 from transformers import AutoTokenizer
 
 from benchmarks.machine import device_facts
+from benchmarks.spec_matrix_plot import plot
 from engine import LLM, SamplingParams
 from engine.core.memory import CPU_KV_CACHE_GIB
 from engine.metrics.spec_stats import SpecStats
@@ -40,6 +47,7 @@ from specserve.bench.report import emit, taking_turns
 from specserve.bench.workloads import KINDS, encode, load_workloads
 
 METHODS = ("none", "ngram", "suffix", "auto", "eagle", "eagle-head", "layer-skip", "draft")
+MIN_MATRIX_TOKENS = 256  # a GPU cell's tokens a request: long enough to be steady state
 
 
 def method_options(method: str, draft_folder: Path | None) -> dict:
@@ -121,10 +129,28 @@ def batch_one(llms: dict[str, LLM], prompts: dict[str, list[list[int]]], max_tok
     return results
 
 
+def shifted(prompt: list[int], vocab_size: int) -> list[int]:
+    """The prompt with every token id moved up by one: the same length (so the same step shapes),
+    other text."""
+    return [(token + 1) % vocab_size for token in prompt]
+
+
+def warm_cell(llms: dict[str, LLM], batch: list[list[int]], params: SamplingParams) -> float:
+    """An untimed pass of each engine over prompts shaped like `batch`; its seconds."""
+    vocab_size = next(iter(llms.values())).engine.vocab_size
+    warm_batch = [shifted(prompt, vocab_size) for prompt in batch]
+    started = time.perf_counter()
+    for llm in llms.values():
+        generate(llm, warm_batch, params)
+    return time.perf_counter() - started
+
+
 def matrix(llms: dict[str, LLM], prompts: dict[str, list[list[int]]], max_tokens: int,
-           levels: list[int]) -> dict:
-    """cells[kind][c][method]: c requests in one generate call, `none` run beside each method."""
+           levels: list[int], warmup_tokens: int) -> dict:
+    """cells[kind][c][method]: c requests in one generate call, `none` run beside each method,
+    both warmed first at that batch (`warmup_tokens` a request, untimed)."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    warm_params = dataclasses.replace(params, max_tokens=max(warmup_tokens, 1))
     cells: dict = {}
     for kind, kind_prompts in prompts.items():
         cells[kind] = {}
@@ -134,6 +160,8 @@ def matrix(llms: dict[str, LLM], prompts: dict[str, list[list[int]]], max_tokens
             for method, llm in llms.items():
                 if method == "none":
                     continue
+                warmup = (warm_cell({"none": llms["none"], method: llm}, batch, warm_params)
+                          if warmup_tokens > 0 else 0.0)
                 base_outputs, base_seconds = generate(llms["none"], batch, params)
                 outputs, seconds = generate(llm, batch, params)
                 base = sum(len(o.token_ids) for o in base_outputs) / base_seconds
@@ -141,48 +169,14 @@ def matrix(llms: dict[str, LLM], prompts: dict[str, list[list[int]]], max_tokens
                 row[method] = {"tokens_per_s": round(rate, 2), "none_tokens_per_s": round(base, 2),
                                "ratio_vs_none": round(rate / base, 3), **spec_summary(outputs),
                                "same_tokens_as_none": ([o.token_ids for o in outputs]
-                                                       == [o.token_ids for o in base_outputs])}
+                                                       == [o.token_ids for o in base_outputs]),
+                               "seconds": round(seconds, 3), "none_seconds": round(base_seconds, 3),
+                               "warmup_seconds": round(warmup, 3)}
             cells[kind][str(level)] = row
             print(f"[matrix {kind} c={level}] " + ", ".join(
                 f"{m} {r['ratio_vs_none']:.2f}x" for m, r in row.items()),
                 file=sys.stderr, flush=True)
     return cells
-
-
-def plot(report: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    temps = list(report["batch1"])
-    fig, axes = plt.subplots(1, len(temps) + 1, figsize=(6 * (len(temps) + 1), 4.5))
-    for ax, temp in zip(axes, temps):
-        results = report["batch1"][temp]
-        kinds = list(results)
-        methods = [m for m in results[kinds[0]] if m != "none"]
-        width = 0.8 / len(methods)
-        for n, method in enumerate(methods):
-            ax.bar([k + n * width for k in range(len(kinds))],
-                   [results[kind][method]["ratio_vs_none"] for kind in kinds], width, label=method)
-        ax.axhline(1.0, color="gray", lw=0.8)
-        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(kinds))], kinds)
-        ax.set_title(f"batch 1, temperature {temp}: tokens/s vs none")
-        ax.legend(fontsize=8)
-    ax = axes[-1]
-    labels, values = [], []
-    for kind, by_level in report["matrix"].items():
-        for level, row in by_level.items():
-            for method, record in row.items():
-                labels.append(f"{kind} c{level} {method}")
-                values.append(record["ratio_vs_none"])
-    ax.barh(range(len(values)), values, color=["C3" if v < 0.95 else "C2" for v in values])
-    ax.axvline(0.95, color="red", lw=0.8, ls="--")
-    ax.axvline(1.0, color="gray", lw=0.8)
-    ax.set_yticks(range(len(values)), labels, fontsize=6)
-    ax.set_title("matrix, greedy: tokens/s vs none (red line: 0.95)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def weights_label(llm: LLM, model: str | None) -> str:
@@ -207,7 +201,10 @@ def main(argv: list[str] | None = None) -> dict:
                         "in DIR (two heads side by side)")
     p.add_argument("--matrix-methods", default="none,ngram,eagle,layer-skip,draft")
     p.add_argument("--concurrency", default="1,8,32")
-    p.add_argument("--matrix-max-tokens", type=int, default=32)
+    p.add_argument("--matrix-max-tokens", type=int, default=MIN_MATRIX_TOKENS,
+                   help=f"tokens a request in a matrix cell (on a GPU >= {MIN_MATRIX_TOKENS})")
+    p.add_argument("--matrix-warmup-tokens", type=int, default=64,
+                   help="tokens a request of each cell's untimed warm-up pass (0: none)")
     p.add_argument("--draft-model-layers", type=int, default=6)
     p.add_argument("--dtype", default="float32",
                    help="float32 (default) on any device: bfloat16 is not batch-invariant, and "
@@ -222,6 +219,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--output", default=None)
     p.add_argument("--plot", default=None)
     args = p.parse_args(argv)
+    if torch.cuda.is_available() and args.matrix_max_tokens < MIN_MATRIX_TOKENS:
+        p.error(f"--matrix-max-tokens {args.matrix_max_tokens}: on a GPU a cell needs at least "
+                f"{MIN_MATRIX_TOKENS} tokens a request to measure the steady state")
     kinds = args.workload.split(",")
     batch1_methods = args.batch1_methods.split(",")
     matrix_methods = args.matrix_methods.split(",") if args.matrix_methods else []
@@ -245,18 +245,14 @@ def main(argv: list[str] | None = None) -> dict:
             for m in dict.fromkeys(["none"] + batch1_methods + matrix_methods)}
     # Warm-up: every engine on every workload, long enough to verify drafts. On a GPU a kernel
     # or GEMM shape first used inside a timed run (verify rows' LM head, the sampler's) cost
-    # whichever method met it first (docs/gpu-2026-11-28.md). On a GPU the matrix's engines
-    # also meet each concurrency once: `none` alone read 259 and 4,723 tok/s in two turns of
-    # one 16-request cell on an H200 (docs/gpu.md).
+    # whichever method met it first (docs/gpu-2026-11-28.md). Each matrix cell warms its own
+    # batch again (`warm_cell`).
+    started = time.perf_counter()
     for llm in llms.values():
         for kind in kinds:
             llm.generate(prompts[kind][0], SamplingParams(max_tokens=min(64, args.max_tokens),
                                                           temperature=0))
-    if llms["none"].engine.device.type == "cuda" and matrix_methods:
-        for method in dict.fromkeys(["none"] + matrix_methods):
-            for level in (int(c) for c in args.concurrency.split(",")):
-                batch = [prompts[kinds[0]][i % len(prompts[kinds[0]])] for i in range(level)]
-                llms[method].generate(batch, SamplingParams(max_tokens=16, temperature=0))
+    warmup_seconds = time.perf_counter() - started
     report = {
         "benchmark": "spec_matrix",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -268,6 +264,8 @@ def main(argv: list[str] | None = None) -> dict:
         "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
         "padded_steps": args.padded_steps, "batch_invariant": args.batch_invariant,
         "matrix_max_tokens": args.matrix_max_tokens,
+        "matrix_warmup_tokens": args.matrix_warmup_tokens,
+        "warmup_seconds": {"engines": round(warmup_seconds, 3)},
         "batch1": {}, "matrix": {},
     }
     for temperature in (float(t) for t in args.temperatures.split(",")):
@@ -277,7 +275,11 @@ def main(argv: list[str] | None = None) -> dict:
     if matrix_methods:
         report["matrix"] = matrix({m: llms[m] for m in dict.fromkeys(["none"] + matrix_methods)},
                                   prompts, args.matrix_max_tokens,
-                                  [int(c) for c in args.concurrency.split(",")])
+                                  [int(c) for c in args.concurrency.split(",")],
+                                  args.matrix_warmup_tokens)
+        report["warmup_seconds"]["matrix_cells"] = round(sum(
+            record["warmup_seconds"] for by_level in report["matrix"].values()
+            for row in by_level.values() for record in row.values()), 3)
     emit(report, args.output, indent=1)
     if args.plot:
         plot(report, args.plot)

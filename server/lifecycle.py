@@ -3,7 +3,7 @@ balancer) asks about them.
 
 - Liveness (`GET /health`): the engine has loaded, its loop thread runs, and no engine step has run
   longer than `--engine-step-timeout`. A draining replica is alive: draining never fails it.
-- Readiness (`GET /ready`): live, warmed up (one real engine step has run), not draining,
+- Readiness (`GET /ready`): live, warmed up (server/warm_up.py has run), not draining,
   fewer than `--max-queue` requests waiting for their first token, and no request waiting for a
   chat-template renderer (all of them taken: a template spinning until its time limit).
 - Drain (the first SIGTERM or SIGINT): admission closes (503 `server_draining` with
@@ -35,13 +35,14 @@ from types import FrameType
 import uvicorn
 from fastapi.responses import JSONResponse
 
-from engine.sampling_params import SamplingParams
+from engine.metrics import first_use
 from server.connections import (
     DEFAULT_HEADER_TIMEOUT_S,
     header_timeout_protocol,
     raise_file_limit,
 )
 from server.context import ServerContext, ServerSettings
+from server.warm_up import warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ POLL_S = 0.05
 DEAD_EXIT_GRACE_S = 1.0
 DEAD_EXIT_DEADLINE_S = 8.0
 DEAD_EXIT_STATUS = 1
-WARM_UP_PROMPT = "Warm-up."
 WEDGE_ENV = "SPECSERVE_FAULT_WEDGE_ENGINE"  # tests only: "1" wedges the first step after warm-up
 # The /metrics series the drain's last log line quotes: what a scrape would read just before exit.
 FINAL_SERIES = ("num_requests_running", "num_requests_waiting", "num_requests_queued",
@@ -83,15 +83,16 @@ class Lifecycle:
         self._drain_task: asyncio.Task | None = None
 
     async def start(self, context: ServerContext) -> None:
-        """Runs one real request through the engine (the first step pays one-time costs), then
-        serves. On the event loop, before the first HTTP request."""
+        """Runs the warm-up (server/warm_up.py: the chat template, the tokenizer and real
+        requests through the engine, which pay every one-time cost), marks the ready moment from
+        which first uses are counted (engine/metrics/first_use.py), then serves. On the event
+        loop, before the first HTTP request."""
         self.context = context
         self.loop = asyncio.get_running_loop()
         context.engine.on_dead = self._engine_died
-        prompt_ids = context.engine.tokenizer(WARM_UP_PROMPT)["input_ids"]
-        async for _ in context.engine.generate(prompt_ids, SamplingParams(max_tokens=1),
-                                               "warm-up"):
-            pass
+        first_use.count_kernel_compiles()
+        await warm_up(context)
+        first_use.ledger().mark_ready()
         self.warmed_up = True
         if os.environ.get(WEDGE_ENV) == "1":
             logger.warning("%s=1: the engine loop will wedge at its next step (a test)",

@@ -14,6 +14,15 @@ the table; not yet timed on a GPU.
 
 The default on CUDA (`--attention-backend auto`). Its tests run the same kernel on the CPU under
 Triton's interpreter (TRITON_INTERPRET=1), against the torch backend.
+
+Triton compiles a kernel per specialization: per value of each constexpr, and by default per
+"divisible by 16 / equal to 1" class of every integer and pointer argument. A flat step's metadata
+(token index, block tables, lengths) are slices of one host buffer at offsets that vary step to
+step, so their pointers' alignment and the tables' stride would each have made a new
+specialization, compiled in the middle of serving. They are not specialized on (they are gathered
+a scalar at a time: alignment buys nothing there), which leaves one kernel per query length
+(MAX_Q) and dtype; `warm` builds them all at start (engine/metrics/first_use.py counts any that
+is still first met while serving).
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ import importlib.util
 
 import torch
 
-from engine.attention.metadata import BatchedGroup
+from engine.attention.metadata import MAX_QUERY_LEN_BATCHED, BatchedGroup
+from engine.core.cache_dir import use_triton_cache_dir
+from engine.core.triton_jit import jit_options
 
 
 @functools.cache
@@ -32,7 +43,12 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    use_triton_cache_dir()
+
+    @triton.jit(**jit_options(
+        do_not_specialize=["stride_table", "stride_index"],
+        do_not_specialize_on_alignment=["token_index_ptr", "block_tables_ptr",
+                                        "query_lens_ptr", "context_lens_ptr"]))
     def paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
         token_index_ptr, block_tables_ptr, query_lens_ptr, context_lens_ptr,
@@ -120,6 +136,8 @@ def resolve(name: str, device: torch.device) -> str:
     """The backend `name` means on `device`: 'auto' is this kernel on CUDA where triton is
     installed (a batch-1 step of the default model took 1.99 ms against the torch backend's
     2.53 on an H100, docs/gpu.md), the torch backend elsewhere."""
+    if device.type == "cuda":
+        use_triton_cache_dir()  # before any kernel of the engine compiles
     if name != "auto":
         return name
     return "triton" if device.type == "cuda" and importlib.util.find_spec("triton") else "torch"
@@ -159,3 +177,30 @@ def paged_attention_short(
         # float32 stays float32 (Triton's default for it is TF32's 10-bit mantissa)
         PRECISION="ieee" if q.dtype == torch.float32 else None,
     )
+
+
+def warm(k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], one layer's
+         v_cache: torch.Tensor, num_heads: int,
+         max_query_len: int = MAX_QUERY_LEN_BATCHED) -> int:
+    """Launches the kernel once at every query length from 1 to `max_query_len` (a flat step
+    batches queries up to MAX_QUERY_LEN_BATCHED long; padded steps use some of them), so that
+    each specialization is built before the first request. Reads block 0, writes a scratch
+    output. Returns how many launches ran (0 off CUDA, where nothing compiles)."""
+    if k_cache.device.type != "cuda":
+        return 0
+    device, head_dim = k_cache.device, k_cache.shape[-1]
+    block_size = k_cache.shape[1]
+    for q_len in range(1, max_query_len + 1):
+        q = torch.zeros(q_len, num_heads, head_dim, dtype=k_cache.dtype, device=device)
+        if not supports(q, k_cache):
+            return 0
+        rows = torch.arange(q_len, device=device)
+        lengths = torch.full((1,), q_len, dtype=torch.long, device=device)
+        group = BatchedGroup(
+            token_index=rows.view(1, q_len), real_rows=rows, real_token_index=rows,
+            block_tables=torch.zeros(1, -(-q_len // block_size), dtype=torch.long,
+                                     device=device),
+            query_lens=lengths, context_lens=lengths, num_seqs=1, max_query_len=q_len,
+            block_size=block_size, identity_layout=True)
+        paged_attention_short(q, k_cache, v_cache, group, torch.empty_like(q))
+    return max_query_len

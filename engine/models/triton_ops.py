@@ -13,6 +13,10 @@ Both compute in float32 and round once (the torch path rounds after every op).
 `ops_for(x)` hands them out where they apply: CUDA tensors with triton importable, unless
 SPECSERVE_DISABLE_TRITON_OPS=1 (the torch path, for comparison). Under Triton's interpreter
 (TRITON_INTERPRET=1) they run on CPU tensors too, which is how the tests check them here.
+
+The slot mapping is not specialized on its alignment: a padded step's is a slice of the runner's
+input buffer, a flat step's a fresh tensor, and each alignment class would be one more compile
+(engine/attention/triton_backend.py says more). Kernels compile into specserve's cache folder.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import importlib.util
 import os
 
 import torch
+
+from engine.core.cache_dir import use_triton_cache_dir
+from engine.core.triton_jit import jit_options
 
 
 def _power_of_two(n: int) -> int:
@@ -50,7 +57,9 @@ def _kernels():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    use_triton_cache_dir()
+
+    @triton.jit(**jit_options(do_not_specialize_on_alignment=["slot_ptr"]))
     def rotate_and_store_kernel(
         qk_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
         stride_qk_token, stride_qk_head, stride_v_token, stride_v_head, stride_cos,

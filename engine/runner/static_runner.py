@@ -5,10 +5,11 @@ drafts when verifying) is laid out uniformly: `num_seqs` rows of `query_len` tok
 padded up to a bucket, block tables cut to a bucketed width. Inputs are written into buffers
 that live as long as the engine, so the same tensors feed every step of a shape, and on CUDA the
 whole forward for one shape is captured once as a graph and replayed: one launch instead of ~50
-kernels per layer. Every shape a step can take is captured when the engine starts, as vLLM does,
-so no request waits for a capture while serving. On CPU the same layout runs eagerly (the
-buffers, buckets and padding are what the tests see); graphs are CUDA-only and `--enforce-eager`
-turns them off.
+kernels per layer. Every shape a step can take (every batch bucket up to max_num_seqs, query
+length and table width) is captured when the engine starts, as vLLM does, so no request waits for
+a capture while serving; a shape first met later is counted (engine/metrics/first_use.py). On CPU
+the same layout runs eagerly (the buffers, buckets and padding are what the tests see); graphs
+are CUDA-only and `--enforce-eager` turns them off (each shape then runs once at start).
 
 Padding rows feed token 0 and write their KV into a scratch block past the ones the block
 manager hands out, so they never touch a request's cache; their logits are never read.
@@ -24,19 +25,22 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.attention import triton_backend
 from engine.attention.metadata import AttentionMetadata, BatchedGroup
 from engine.config import EngineConfig, EngineLimits
 from engine.core.device import StagedCopy
 from engine.core.scheduler import ScheduledRequest
 from engine.runner.cuda_graphs import StepGraphs
 from engine.runner.padded_inputs import InputRegions, padded_inputs
+from engine.runner.padded_settings import skipped_warm_batches
+# engine/engine.py imports it from here
+from engine.runner.padded_settings import uses_padded_steps  # noqa: F401
 from engine.sample.sampler import argmax_rows
 
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-# Graphs captured at start at most (the narrowest block tables first); shapes past it, which only
-# extreme settings reach (hundreds of sequences, long contexts and deep drafts at once), are
-# captured when a step first needs them.
-MAX_STARTUP_GRAPHS = 512
+# Batch sizes a padded step is rounded up to, as vLLM captures them: each of 1, 2 and 4, then every
+# 8 up to 256 and every 16 up to 512 (past it, max_num_seqs itself). Steps of 8 waste at most 7
+# padding rows; the coarser list before (..., 32, 48, 64, 96, ...) padded 65 requests to 96.
+BATCH_BUCKETS = (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
 # Verify steps of at most this many padded rows run the LM head inside their graph, as decode
 # steps do: on an H100 the head outside a graph cost a speculative step 0.13-0.20 ms of host
 # launches (docs/gpu.md). Each such graph keeps its [rows, vocab] float32 logits (12.6 MB at 64
@@ -86,12 +90,6 @@ class StaticStep:
         return self.logits_rows.shape[0]
 
 
-def uses_padded_steps(config: EngineConfig, device: torch.device) -> bool:
-    """`padded_steps` as configured; by default on CUDA only (on CPU the flat batch is cheaper)."""
-    padded = config.model.padded_steps
-    return device.type == "cuda" if padded is None else padded
-
-
 class StaticStepRunner:
     @classmethod
     def for_engine(cls, config: EngineConfig, model, kv_cache, limits: EngineLimits,
@@ -106,12 +104,15 @@ class StaticStepRunner:
                    use_graphs=not config.model.enforce_eager,
                    # The Triton kernel walks each request's own blocks: the table's width costs
                    # nothing there, so one width serves every step (fewer shapes, fewer graphs).
-                   full_width_tables=attention_backend == "triton")
+                   full_width_tables=attention_backend == "triton",
+                   warm_attention_kernel=attention_backend == "triton")
 
     def __init__(self, model, kv_cache, block_size: int, scratch_block: int, max_num_seqs: int,
                  max_query_len: int, max_model_len: int, device: torch.device,
-                 use_graphs: bool, full_width_tables: bool = False):
+                 use_graphs: bool, full_width_tables: bool = False,
+                 warm_attention_kernel: bool = False):
         self.model, self.kv_cache, self.device = model, kv_cache, device
+        self.warm_attention_kernel = warm_attention_kernel
         self.block_size = block_size
         self.scratch_slot = scratch_block * block_size
         self.buckets = tuple(b for b in BATCH_BUCKETS if b < max_num_seqs) + (max_num_seqs,)
@@ -152,11 +153,12 @@ class StaticStepRunner:
         return [StepShape(b, q, w) for w in widths for q in query_lens for b in self.buckets]
 
     def capture_graphs(self) -> int:
-        """Captures the graphs of every shape now (at most MAX_STARTUP_GRAPHS), widest first;
-        returns how many were captured."""
-        if not self.graphs.enabled:
-            return 0
-        # The buffers hold a padding step: the capture's warm-up runs write the scratch block only.
+        """Makes every shape a step can take ready before the first request, widest first
+        (cuda_graphs.py `warm`: captured, run once where graphs are off on CUDA, recorded on a
+        CPU), and builds the Triton attention kernel at every query length a flat step may give
+        it; returns how many graphs were captured. Nothing is left to first use: a shape met
+        later is counted (engine/metrics/first_use.py)."""
+        # The buffers hold a padding step: the warm-up runs write the scratch block only.
         self.input_ids.zero_()
         self.feed_index.copy_(self._rows + self.max_seqs)
         self.positions.zero_()
@@ -164,7 +166,13 @@ class StaticStepRunner:
         self.block_tables.zero_()
         self.query_lens.fill_(1)
         self.context_lens.fill_(1)
-        return self.graphs.capture(self.graph_shapes()[:MAX_STARTUP_GRAPHS][::-1])
+        skipped = skipped_warm_batches()
+        shapes = [shape for shape in self.graph_shapes() if shape.num_seqs not in skipped]
+        num_graphs = self.graphs.warm(shapes[::-1])
+        if self.warm_attention_kernel and self.model is not None:
+            k_cache, v_cache = self.kv_cache[0]
+            triton_backend.warm(k_cache, v_cache, self.model.arch.num_heads)
+        return num_graphs
 
     def fits(self, scheduled: Sequence[ScheduledRequest]) -> bool:
         """Decode/verify steps only: each request feeds its one new token plus drafts."""

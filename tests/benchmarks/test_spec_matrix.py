@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+
 from benchmarks import spec_matrix
 
 
@@ -22,6 +25,13 @@ def test_spec_matrix_report(tiny_chat_model_folder, tmp_path, capsys):
     assert "same_tokens_as_none" not in report["batch1"]["0.7"]["code"]["ngram"]
     cell = report["matrix"]["copy"]["2"]["ngram"]
     assert cell["same_tokens_as_none"] is True and cell["ratio_vs_none"] > 0
+    # every cell warmed untimed first, its seconds apart from the timed ones
+    assert cell["warmup_seconds"] > 0 and cell["seconds"] > 0
+    warmups = report["warmup_seconds"]
+    assert warmups["engines"] > 0
+    assert warmups["matrix_cells"] == pytest.approx(sum(
+        record["warmup_seconds"] for by_level in report["matrix"].values()
+        for row in by_level.values() for record in row.values()), abs=0.01)
     assert "[matrix copy c=2]" in capsys.readouterr().err
 
 
@@ -33,3 +43,15 @@ def test_a_method_may_name_its_draft_head(tmp_path):
         "speculative_method": "eagle", "eagle_ngram_min": 0, "draft_head": str(tmp_path)}
     assert spec_matrix.method_options(f"eagle@{tmp_path}", None) == {
         "speculative_method": "eagle", "draft_head": str(tmp_path)}
+
+
+def test_warm_up_prompts_keep_their_length_and_change_their_text():
+    prompt = [5, 0, 255]
+    assert spec_matrix.shifted(prompt, 256) == [6, 1, 0]
+
+
+def test_a_gpu_matrix_refuses_cells_shorter_than_the_steady_state(monkeypatch):
+    assert spec_matrix.MIN_MATRIX_TOKENS >= 256
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit):
+        spec_matrix.main(["--matrix-max-tokens", "32"])
