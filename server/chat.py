@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, BackgroundTasks, Depends, Request
 
 from server.context import ServerContext, get_context, require_api_key
 from server.errors import APIError, bad_request, parse_body
@@ -25,6 +24,7 @@ from server.generation import (
     sampling_params,
 )
 from server.logprobs import TokenTexts, chat_logprobs
+from server.prompt_tokens import tokenize_text
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -37,6 +37,7 @@ from server.streaming import DONE, error_event, event
 from server.structured import prepare_constraint
 from server.templates import TemplateLimitError
 from server.tenants import cache_partition
+from server.timeline import FrontClock, WriteClock
 from server.tools import (
     ToolCallStream,
     ToolPlan,
@@ -50,13 +51,18 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
 @router.post("/v1/chat/completions")
-async def create_chat_completion(request: Request, context: ServerContext = Depends(get_context)):
+async def create_chat_completion(request: Request, background: BackgroundTasks,
+                                 context: ServerContext = Depends(get_context)):
+    clock = FrontClock.since_arrival(request.scope)
     body = await parse_body(request, ChatCompletionRequest)
     check_stream_options(body)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
-    plan = await prepare_chat(context, body, cache_partition(request, body.cache_salt))
+    plan = await prepare_chat(context, body, cache_partition(request, body.cache_salt), clock)
     response = _Response(context, body, plan.prompt, plan.choices, plan.tools)
+    clock.hand_over(plan.choices)
+    if not body.stream:  # background tasks run once the response's body has been sent
+        background.add_task(response.writes.written_whole_and_observe)
     return await respond(request, context, response, plan.choices, body.stream)
 
 
@@ -70,16 +76,17 @@ class ChatPlan:
 
 
 async def prepare_chat(context: ServerContext, body: ChatCompletionRequest,
-                       partition: str) -> ChatPlan:
+                       partition: str, clock: FrontClock | None = None) -> ChatPlan:
     """Everything between a parsed chat request and the engine: tools, the structured-output
     constraint, the chat template, sampling parameters and the engine's own checks. The
     Responses API (server/responses/) comes through here too, so both run the same path.
-    `partition`: the tenant's share of the prefix and suffix caches (server/tenants.py)."""
+    `partition`: the tenant's share of the prefix and suffix caches (server/tenants.py).
+    `clock` takes the front's stamps (server/timeline.py)."""
     context.check_model(body.model)
     context.admission.check_size(body.n, f"n={body.n}")
     tools = plan_tools(body)
     structured = await prepare_constraint(context, body, tools)
-    prompt = await render_prompt(context, body, tools)
+    prompt = await render_prompt(context, body, tools, clock)
     requested = requested_max_tokens(body)  # None: the default for this endpoint
     num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(context, body, prompt, requested, num_logprobs, structured)
@@ -88,9 +95,9 @@ async def prepare_chat(context: ServerContext, body: ChatCompletionRequest,
 
 
 async def render_prompt(context: ServerContext, body: ChatCompletionRequest,
-                        tools: ToolPlan | None) -> Prompt:
+                        tools: ToolPlan | None, clock: FrontClock | None = None) -> Prompt:
     """The messages through the model's chat template (in a renderer process, under its limits),
-    then the tokenizer (on a thread: a long prompt takes milliseconds)."""
+    then the tokenizer (on a thread for a long prompt: server/prompt_tokens.py)."""
     tokenizer = context.engine.tokenizer
     if context.templates is None:
         raise bad_request("this model has no chat template; use /v1/completions")
@@ -103,8 +110,12 @@ async def render_prompt(context: ServerContext, body: ChatCompletionRequest,
         # what cannot be served.
         raise APIError(400, f"the model's chat template {error}; it was stopped", param="messages",
                        code="chat_template_limit") from None
+    if clock is not None:
+        clock.mark_rendered()
     # The template writes any special tokens itself (a BOS among them): add none twice.
-    ids = await asyncio.to_thread(lambda: tokenizer(text, add_special_tokens=False)["input_ids"])
+    ids = await tokenize_text(tokenizer, text, add_special_tokens=False)
+    if clock is not None:
+        clock.mark_tokenized()
     return Prompt(ids, text)
 
 
@@ -126,6 +137,7 @@ class _Response:
         self.choices = choices
         self.texts = TokenTexts(context.engine.tokenizer)
         self.num_top = body.top_logprobs or 0
+        self.writes = WriteClock(context, choices)
 
     def _logprobs(self, logprobs):
         if not self.body.logprobs:
@@ -164,6 +176,7 @@ class _Response:
                 yield event(self._chunk([ChatChunkChoice(
                     index=choice.index, delta={"role": "assistant", "content": ""})]), with_usage)
             async for index, output in fanout:
+                self.writes.tokens_ready(index, output)
                 logprobs = self._logprobs(output.delta_logprobs)
                 stream = streams[index]
                 deltas = stream.feed(output.delta_text)
@@ -174,17 +187,22 @@ class _Response:
                 for delta in deltas:
                     yield event(self._chunk([ChatChunkChoice(
                         index=index, delta=delta, logprobs=logprobs)]), with_usage)
+                    self.writes.written(index)  # a yield returns once its event was sent
                     logprobs = None  # once per output
                 if output.finished:
                     finals[index] = output
                     reason = tool_reason(finish_reason(output), stream.called)
                     yield event(self._chunk([ChatChunkChoice(
                         index=index, delta={}, finish_reason=reason)]), with_usage)
+                    self.writes.written(index)
             if with_usage:
                 usage = build_usage([self.prompt], [finals[c.index] for c in self.choices])
                 yield event(self._chunk([], usage))
+            # Observed before [DONE], so a client that scrapes /metrics after it finds it.
+            self.writes.observe(set(finals))
             yield DONE
         except Exception as error:
             yield error_event(error)  # and no [DONE]: the stream did not succeed
         finally:
+            self.writes.observe(set(finals))
             await fanout.aclose()

@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, BackgroundTasks, Depends, Request
 
 from server.context import ServerContext, get_context, require_api_key
 from server.errors import bad_request, parse_body
@@ -24,10 +24,12 @@ from server.generation import (
     sampling_params,
 )
 from server.logprobs import CompletionLogprobsBuilder, TokenTexts, merge_completion_logprobs
+from server.prompt_tokens import run_by_size
 from server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
 from server.streaming import DONE, error_event, event
 from server.structured import prepare_constraint
 from server.tenants import cache_partition
+from server.timeline import FrontClock, WriteClock
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 # About what one echoed prompt token adds to `logprobs` (its text, a null logprob, a null
@@ -36,7 +38,9 @@ ECHO_LOGPROB_BYTES = 32
 
 
 @router.post("/v1/completions")
-async def create_completion(request: Request, context: ServerContext = Depends(get_context)):
+async def create_completion(request: Request, background: BackgroundTasks,
+                            context: ServerContext = Depends(get_context)):
+    clock = FrontClock.since_arrival(request.scope)
     body = await parse_body(request, CompletionRequest)
     context.check_model(body.model)
     check_stream_options(body)
@@ -46,7 +50,9 @@ async def create_completion(request: Request, context: ServerContext = Depends(g
     num_prompts = _num_prompts(body.prompt)
     context.admission.check_size(num_prompts * body.n, f"{num_prompts} prompts x n={body.n}")
     tokenizer = context.engine.tokenizer
-    prompts = await asyncio.to_thread(_tokenize, tokenizer, body.prompt)
+    prompts = await run_by_size(lambda: _tokenize(tokenizer, body.prompt),
+                                _num_chars(body.prompt))
+    clock.mark_tokenized()
     if body.echo:
         echoed = await asyncio.to_thread(_echo_bytes, tokenizer, prompts, body)
         if echoed > context.settings.max_request_bytes:
@@ -61,6 +67,9 @@ async def create_completion(request: Request, context: ServerContext = Depends(g
     choices = plan_choices(context, prompts, params, body.n,
                            cache_partition(request, body.cache_salt))
     response = _Response(context, body, prompts, choices)
+    clock.hand_over(choices)
+    if not body.stream:  # background tasks run once the response's body has been sent
+        background.add_task(response.writes.written_whole_and_observe)
     return await respond(request, context, response, choices, body.stream)
 
 
@@ -76,6 +85,13 @@ def _echo_bytes(tokenizer, prompts: list[Prompt], body: CompletionRequest) -> in
 
 def _num_prompts(prompt) -> int:
     return 1 if isinstance(prompt, str) or isinstance(prompt[0], int) else len(prompt)
+
+
+def _num_chars(prompt) -> int:
+    """The text to tokenize in a prompt of any of OpenAI's four forms (token ids need none)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(p) for p in prompt if isinstance(p, str))
 
 
 def _tokenize(tokenizer, prompt) -> list[Prompt]:
@@ -100,6 +116,7 @@ class _Response:
         self.prompts = prompts
         self.choices = choices
         self.texts = TokenTexts(context.engine.tokenizer)
+        self.writes = WriteClock(context, choices)
 
     def _chunk(self, choices: list[CompletionChoice], usage=None) -> CompletionResponse:
         return CompletionResponse(id=self.id, created=self.created, model=self.context.model_name,
@@ -131,6 +148,7 @@ class _Response:
         started, finals = set(), {}
         try:
             async for index, output in fanout:
+                self.writes.tokens_ready(index, output)
                 choice, builder = by_index[index], builders[index]
                 text, parts = output.delta_text, []
                 if index not in started:
@@ -145,15 +163,20 @@ class _Response:
                 if text or (logprobs is not None and logprobs.tokens):
                     yield event(self._chunk([CompletionChoice(index=index, text=text,
                                                               logprobs=logprobs)]), with_usage)
+                    self.writes.written(index)  # a yield returns once its event was sent
                 if output.finished:
                     finals[index] = output
                     yield event(self._chunk([CompletionChoice(
                         index=index, text="", finish_reason=finish_reason(output))]), with_usage)
+                    self.writes.written(index)
             if with_usage:
                 usage = build_usage(self.prompts, [finals[c.index] for c in self.choices])
                 yield event(self._chunk([], usage))
+            # Observed before [DONE], so a client that scrapes /metrics after it finds it.
+            self.writes.observe(set(finals))
             yield DONE
         except Exception as error:
             yield error_event(error)  # and no [DONE]: the stream did not succeed
         finally:
+            self.writes.observe(set(finals))
             await fanout.aclose()

@@ -21,9 +21,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine.metrics.first_use import FirstUseCollector
 from engine.metrics.prometheus import PrometheusMetrics
 from engine.metrics.suffix_gauges import SuffixCacheCollector
 from server.context import ServerContext
+from server.timeline import stamp_arrival
 
 __all__ = ["CONTENT_TYPE_LATEST", "HTTPMetricsMiddleware", "ServerMetrics"]
 
@@ -49,6 +51,9 @@ class ServerMetrics:
             f"{prefix}:grammar_compile_seconds", "Time to compile (or find cached) a request's "
             "grammar, off the event loop", registry=self.registry,
             buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0))
+        # The engine's metrics, once attached; the routes report what only they see (when a
+        # response's bytes were written) through it, so one object observes a request's spans.
+        self.engine_metrics: PrometheusMetrics | None = None
 
     def record_structured(self, kind: str, compile_seconds: float | None) -> None:
         self.structured_requests.labels(kind).inc()
@@ -64,7 +69,9 @@ class ServerMetrics:
             num_speculative_tokens=speculative.num_speculative_tokens
             if speculative.enabled else 0)
         engine.add_stat_listener(engine_metrics)
+        self.engine_metrics = engine_metrics
         self.registry.register(_ServerCollector(context, self.prefix))
+        self.registry.register(FirstUseCollector(context.model_name, self.prefix))
         if engine.suffix_cache_stats() is not None:
             self.registry.register(SuffixCacheCollector(context.model_name, self.prefix,
                                                         engine.suffix_cache_stats))
@@ -96,7 +103,7 @@ class _ServerCollector(Collector):
 
 class HTTPMetricsMiddleware:
     """Counts every HTTP request by its route template (`/v1/models/{model_id:path}`, not the
-    raw path, so the label set stays small) and response status. A plain ASGI middleware:
+    raw path, so the label set stays small) and response status, and stamps its arrival. A plain ASGI middleware:
     it passes `receive` through untouched, so disconnect detection keeps working."""
 
     def __init__(self, app: ASGIApp, counter: Counter):
@@ -107,6 +114,7 @@ class HTTPMetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        stamp_arrival(scope)  # the request's timeline starts here (server/timeline.py)
         status = 500  # what the client sees when the app fails before responding
 
         async def record_status(message: Message) -> None:

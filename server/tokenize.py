@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, StrictInt, StrictStr
 from server.chat import render_prompt
 from server.context import ServerContext, get_context, require_api_key
 from server.errors import bad_request, parse_body
+from server.prompt_tokens import tokenize_text
 from server.protocol import ChatCompletionRequest, ChatMessage, Tool, _Request
 from server.tools import plan_tools
 
@@ -60,16 +61,14 @@ async def tokenize(request: Request, context: ServerContext = Depends(get_contex
                           "prompt" if body.prompt is not None else "messages")
     if body.prompt is not None:
         special = body.add_special_tokens is not False
-        ids = await asyncio.to_thread(
-            lambda: tokenizer(body.prompt, add_special_tokens=special)["input_ids"])
+        ids = await tokenize_text(tokenizer, body.prompt, add_special_tokens=special)
     else:
         chat = ChatCompletionRequest(messages=body.messages, tools=body.tools,
                                      add_generation_prompt=body.add_generation_prompt)
         prompt = await render_prompt(context, chat, plan_tools(chat))
         ids = prompt.token_ids
         if body.add_special_tokens:
-            ids = await asyncio.to_thread(
-                lambda: tokenizer(prompt.text, add_special_tokens=True)["input_ids"])
+            ids = await tokenize_text(tokenizer, prompt.text, add_special_tokens=True)
     strs = tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=context.max_model_len, tokens=ids,
                             token_strs=strs)

@@ -47,6 +47,8 @@ class Request:
     sampling_params: SamplingParams
     eos_token_ids: frozenset[int] = frozenset()
     prompt_text: str | None = None  # None when the prompt came as token ids
+    # When the request arrived: its HTTP route's entry for a served request (writer: the server,
+    # before the engine sees it), else its creation. TTFT and end-to-end latency count from it.
     arrival_time: float = field(default_factory=time.monotonic)
     # The tenant partition of what the engine caches across requests: prefix-cache blocks and
     # the suffix proposer's global trie are only shared between requests with equal salts (the
@@ -101,6 +103,11 @@ class Request:
     # Leading blocks given back behind a sliding window (their table entries are placeholders)
     num_released_blocks: int = 0
 
+    # The front's stamps (writer: the server; None offline): chat template rendered, prompt
+    # tokenized, handed to the engine. Queue time counts from `queued_time` when it is set.
+    rendered_time: float | None = None
+    tokenized_time: float | None = None
+    queued_time: float | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

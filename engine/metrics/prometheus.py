@@ -11,10 +11,15 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from engine.metrics.stats import RequestStats, StepStats
+from engine.metrics.stats import DeliveryStats, RequestStats, StepStats
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                    5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
+# The request timeline's spans before and around the first token: vLLM's latency buckets with
+# sub-millisecond and few-millisecond steps added, since the front's costs (a template, a thread
+# hop, a write) are counted in fractions of a millisecond and a target reads 3 ms.
+TIMELINE_BUCKETS = tuple(sorted({0.0001, 0.00025, 0.0005, 0.002, 0.003, 0.0075, 0.015, 0.03,
+                                 0.15, *LATENCY_BUCKETS}))
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
@@ -80,14 +85,44 @@ class PrometheusMetrics:
         self.iteration_tokens = histogram("iteration_tokens_total", "Tokens per engine step",
                                           TOKEN_BUCKETS)
         self.step_time = histogram("engine_step_time_seconds", "Engine step duration")
-        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token")
-        self.itl = histogram("inter_token_latency_seconds", "Time between a request's outputs")
+        self.ttft = histogram("time_to_first_token_seconds",
+                              "Arrival (the HTTP route's entry) to first token sampled",
+                              TIMELINE_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between a request's outputs",
+                             TIMELINE_BUCKETS)
         self.tpot = histogram("request_time_per_output_token_seconds",
                               "Decode time per output token after the first")
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish")
-        self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduled")
-        self.prefill_time = histogram("request_prefill_time_seconds", "Scheduled to first token")
+        self.queue_time = histogram("request_queue_time_seconds",
+                                    "Handed to the engine to first scheduled", TIMELINE_BUCKETS)
+        self.prefill_time = histogram("request_prefill_time_seconds", "Scheduled to first token",
+                                      TIMELINE_BUCKETS)
         self.decode_time = histogram("request_decode_time_seconds", "First token to finish")
+        self.inference_time = histogram("request_inference_time_seconds",
+                                        "First scheduled to finish")
+        # specserve's own: the front before the engine, and the wait after a token is sampled
+        # until its bytes are on the client's socket (the server's side of a client's TTFT).
+        self.front_time = histogram("request_front_time_seconds", "Arrival to handed to the "
+                                    "engine (body, chat template, tokenizing, checks)",
+                                    TIMELINE_BUCKETS)
+        self.render_time = histogram("request_template_time_seconds",
+                                     "Arrival to chat template rendered", TIMELINE_BUCKETS)
+        self.tokenize_time = histogram("request_tokenize_time_seconds",
+                                       "Template rendered (or arrival) to prompt tokenized",
+                                       TIMELINE_BUCKETS)
+        self.first_write_delay = histogram("request_first_token_write_delay_seconds",
+                                           "First token sampled to its bytes written",
+                                           TIMELINE_BUCKETS)
+        self.last_write_delay = histogram("request_last_token_write_delay_seconds",
+                                          "Last token sampled to its bytes written",
+                                          TIMELINE_BUCKETS)
+        self.ttft_written = histogram("time_to_first_token_written_seconds",
+                                      "Arrival to the first token's bytes written",
+                                      TIMELINE_BUCKETS)
+        self.first_token_overhead = histogram(
+            "request_first_token_overhead_seconds", "Arrival to the first token's bytes "
+            "written, less the prefill: the server's share of a client's TTFT",
+            TIMELINE_BUCKETS)
         self.prompt_len = histogram("request_prompt_tokens", "Prompt length", TOKEN_BUCKETS)
         self.generation_len = histogram("request_generation_tokens", "Generated length",
                                         TOKEN_BUCKETS)
@@ -152,15 +187,31 @@ class PrometheusMetrics:
         return child
 
     def on_request_finished(self, stats: RequestStats) -> None:
+        """Once per request, on the engine's thread when it finishes."""
         m = self.model_name
         self.success.labels(m, stats.finish_reason).inc()
         self.e2e.labels(m).observe(stats.e2e_seconds)
         self.prompt_len.labels(m).observe(stats.num_prompt_tokens)
         self.generation_len.labels(m).observe(stats.num_generation_tokens)
-        for histogram, value in ((self.ttft, stats.time_to_first_token),
-                                 (self.queue_time, stats.queue_seconds),
-                                 (self.prefill_time, stats.prefill_seconds),
-                                 (self.decode_time, stats.decode_seconds),
-                                 (self.tpot, stats.time_per_output_token)):
+        self._observe(((self.ttft, stats.time_to_first_token),
+                       (self.queue_time, stats.queue_seconds),
+                       (self.prefill_time, stats.prefill_seconds),
+                       (self.decode_time, stats.decode_seconds),
+                       (self.inference_time, stats.inference_seconds),
+                       (self.tpot, stats.time_per_output_token),
+                       (self.front_time, stats.front_seconds),
+                       (self.render_time, stats.render_seconds),
+                       (self.tokenize_time, stats.tokenize_seconds)))
+
+    def on_request_delivered(self, stats: DeliveryStats) -> None:
+        """Once per served request, on the event loop after its response was written."""
+        self._observe(((self.first_write_delay, stats.first_token_write_delay),
+                       (self.last_write_delay, stats.last_token_write_delay),
+                       (self.ttft_written, stats.time_to_first_token_written),
+                       (self.first_token_overhead, stats.first_token_overhead)))
+
+    def _observe(self, pairs) -> None:
+        """(histogram, seconds) pairs; a span that is None (a stamp never taken) is skipped."""
+        for histogram, value in pairs:
             if value is not None:
-                histogram.labels(m).observe(value)
+                self._one(histogram).observe(value)

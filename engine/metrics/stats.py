@@ -32,17 +32,30 @@ class StepStats:
         return self.spec.num_draft_tokens / self.num_speculating if self.num_speculating else 0.0
 
 
+def span(start: float | None, end: float | None) -> float | None:
+    """`end - start` in seconds (never negative), or None when either stamp is missing."""
+    return None if start is None or end is None else max(end - start, 0.0)
+
+
 @dataclass
 class RequestStats:
+    """A finished request's spans in seconds, from its timestamps (engine/core/request.py). None
+    where a stamp is missing: no front stamps offline, no first token for a request that ended
+    before it had one."""
+
     finish_reason: str  # "stop" | "length" | "abort" | "error"
     num_prompt_tokens: int
     num_generation_tokens: int
-    queue_seconds: float | None  # arrival -> first scheduled
+    queue_seconds: float | None  # handed to the engine (or arrival) -> first scheduled
     prefill_seconds: float | None  # first scheduled -> first token
     decode_seconds: float | None  # first token -> finished
     e2e_seconds: float
-    time_to_first_token: float | None
+    time_to_first_token: float | None  # arrival (the HTTP route's entry when served) -> first token
     spec: SpecStats
+    front_seconds: float | None = None  # arrival -> handed to the engine (parse, template, ...)
+    render_seconds: float | None = None  # arrival -> chat template rendered
+    tokenize_seconds: float | None = None  # rendered (or arrival) -> tokenized
+    inference_seconds: float | None = None  # first scheduled -> finished
 
     @property
     def time_per_output_token(self) -> float | None:
@@ -53,20 +66,50 @@ class RequestStats:
 
 def request_stats(request) -> RequestStats:
     """Summarises a finished request from its timestamps (time.monotonic seconds)."""
-
-    def span(start, end):
-        return None if start is None or end is None else max(end - start, 0.0)
-
     return RequestStats(
         finish_reason=request.status.value,
         num_prompt_tokens=request.num_prompt_tokens,
         num_generation_tokens=request.num_output_tokens,
-        queue_seconds=span(request.arrival_time, request.first_scheduled_time),
+        queue_seconds=span(request.queued_time or request.arrival_time,
+                           request.first_scheduled_time),
         prefill_seconds=span(request.first_scheduled_time, request.first_token_time),
         decode_seconds=span(request.first_token_time, request.finished_time),
         e2e_seconds=span(request.arrival_time, request.finished_time) or 0.0,
         time_to_first_token=span(request.arrival_time, request.first_token_time),
         spec=request.spec_stats,
+        front_seconds=span(request.arrival_time, request.queued_time),
+        render_seconds=span(request.arrival_time, request.rendered_time),
+        tokenize_seconds=span(request.rendered_time or request.arrival_time,
+                              request.tokenized_time),
+        inference_seconds=span(request.first_scheduled_time, request.finished_time),
+    )
+
+
+@dataclass
+class DeliveryStats:
+    """What only the server sees: when a request's tokens reached its client's socket. Taken
+    after its response is written, when the engine is done with it."""
+
+    first_token_write_delay: float | None  # first token sampled -> its bytes written
+    last_token_write_delay: float | None  # last token sampled -> its bytes written
+    time_to_first_token_written: float | None  # arrival -> the first token's bytes written
+    # The server's share of its TTFT: arrival -> first token written, less the prefill (first
+    # scheduled -> first token). What a client waits for beyond the engine's own work.
+    first_token_overhead: float | None
+
+
+def delivery_stats(request, first_written: float | None,
+                   last_written: float | None) -> DeliveryStats:
+    """`first_written` / `last_written`: time.monotonic when the bytes of the request's first
+    / last token were written (None: never, e.g. a client that left first)."""
+    to_first_written = span(request.arrival_time, first_written)
+    prefill = span(request.first_scheduled_time, request.first_token_time)
+    return DeliveryStats(
+        first_token_write_delay=span(request.first_token_time, first_written),
+        last_token_write_delay=span(request.last_token_time, last_written),
+        time_to_first_token_written=to_first_written,
+        first_token_overhead=(None if to_first_written is None or prefill is None
+                              else max(to_first_written - prefill, 0.0)),
     )
 
 

@@ -22,7 +22,12 @@ import httpx
 from specserve.bench.hostile import send_hostile
 from specserve.bench.load import CANCELLED, Disconnects, RequestOptions, Target, run_load, send
 from specserve.bench.report import finish, load_report
-from specserve.bench.server_metrics import scrape_spec_counters, speculation_summary
+from specserve.bench.server_metrics import (
+    scrape_spec_counters,
+    scrape_timeline,
+    speculation_summary,
+    timeline_summary,
+)
 from specserve.bench.server_state import sample_states, scrape_state, state_when_idle
 from specserve.bench.serving_metrics import outputs_of, summarize, timeline
 from specserve.bench.workloads import Workload, load_dataset, load_workloads
@@ -117,6 +122,7 @@ async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
                     bar.set_description(f"{target.label} {kind} c={level.concurrency} "
                                         f"rate={level.request_rate}")
                     before = await scrape_spec_counters(client, target.base_url)
+                    timeline_before = await scrape_timeline(client, target.base_url)
                     state_before = await scrape_state(client, target.base_url)
                     states: list[dict] = []
                     sampler = asyncio.create_task(sample_states(
@@ -136,13 +142,16 @@ async def benchmark(targets: list[Target], workloads: dict[str, list[Workload]],
                             attacker.cancel()
                             await asyncio.gather(attacker, return_exceptions=True)
                     after = await scrape_spec_counters(client, target.base_url)
+                    timeline_after = await scrape_timeline(client, target.base_url)
                     # A client's planned hang-up is neither a completion nor a server failure.
                     served = [record for record in records if record.error != CANCELLED]
                     result = {"kind": kind, "max_concurrency": level.concurrency,
                               "request_rate": _rate(level.request_rate),
                               **summarize(served, duration),
                               "client_disconnects": len(records) - len(served),
-                              "speculative": speculation_summary(before, after)}
+                              "speculative": speculation_summary(before, after),
+                              "server_timeline": timeline_summary(timeline_before,
+                                                                  timeline_after)}
                     if attacker is not None:
                         result["hostile"] = hostile
                     if not soak.duration_s:
