@@ -1,9 +1,10 @@
 """The engine behind an event loop: a background thread runs `step()`; callers await outputs.
 
 The step loop owns the `LLMEngine` outright, from its construction on. Callers never touch it:
-they post commands (add, abort) to a thread-safe queue, and each request's outputs travel back
-through an asyncio queue filled with `loop.call_soon_threadsafe`, so the event loop never blocks on
-model work.
+they post commands (add, abort) to a thread-safe queue, and outputs travel back through
+engine/output_stream.py: at most one `loop.call_soon_threadsafe` per step and event loop, into
+unbounded per-request lists, so the event loop never blocks on model work and the engine thread
+never waits on a reader; a reader that falls behind takes what piled up merged into one output.
 
 The thread that steps the model also builds it (load, weight packing, memory profile). OpenMP
 gives each thread that runs parallel work its own team of workers, kept for the thread's life; two
@@ -20,13 +21,14 @@ import queue
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.core.device import release_freed_host_memory
 from engine.core.request import Request
 from engine.engine import LLMEngine
+from engine.output_stream import Mailbox, OutputStream
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -41,26 +43,22 @@ class RequestFailedError(RuntimeError):
     """One request failed alone (its grammar, its logits, its text); the engine goes on."""
 
 
-@dataclass
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    outputs: asyncio.Queue
-    # Deliver only the first output (the prompt is done) and the last: each delivery wakes the
-    # event loop, whose Python then competes with the step thread's for the GIL (vLLM's
-    # RequestOutputKind.FINAL_ONLY); the last output carries the whole text.
-    final_only: bool = False
-    delivered: bool = False
-
-
 class AsyncEngine:
-    def __init__(self, build_engine: Callable[[], LLMEngine]):
+    def __init__(self, build_engine: Callable[[], LLMEngine], stream_interval: int = 1):
         """Starts the step thread, which calls `build_engine` and then steps what it returns;
-        returns once the engine is built, raising what the build raised."""
+        returns once the engine is built, raising what the build raised. `stream_interval`:
+        steps whose outputs a stream gets at once (1: every step's; OutputStream.due)."""
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
+        self.stream_interval = stream_interval
         self.engine: LLMEngine | None = None
         self._build_error: BaseException | None = None
         self._built = threading.Event()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, OutputStream] = {}
+        # Written on the event loops' threads only (`generate`); the engine's reaches a mailbox
+        # through its streams.
+        self._mailboxes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._stopped = threading.Event()
         self._step_started_at: float | None = None  # monotonic time; None between steps
         # Called on the engine thread before every step: fault injection for tests (a wedged
@@ -165,7 +163,11 @@ class AsyncEngine:
             request.request_id = request_id or request.request_id
         else:
             request = self.validate(prompt, params, request_id or uuid.uuid4().hex)
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), final_only)
+        loop = asyncio.get_running_loop()
+        mailbox = self._mailboxes.get(loop)
+        if mailbox is None:
+            mailbox = self._mailboxes[loop] = Mailbox(loop)
+        stream = OutputStream(loop, mailbox, final_only)
         self._streams[request.request_id] = stream
         self._commands.put(("add", request))
         if not self.is_running:  # it died between the check above and the registration
@@ -174,11 +176,12 @@ class AsyncEngine:
         finished = False
         try:
             while not finished:
-                output = await stream.outputs.get()
-                if isinstance(output, BaseException):
-                    raise output
-                finished = output.finished
-                yield output
+                output, error = await stream.take()
+                if output is not None:
+                    finished = output.finished
+                    yield output
+                if error is not None:
+                    raise error
         finally:
             self._streams.pop(request.request_id, None)
             if not finished:
@@ -237,32 +240,33 @@ class AsyncEngine:
                 return
             finally:
                 self._step_started_at = None
-            for output in outputs:
-                self._deliver(output.request_id, output)
+            self._deliver([(output.request_id, output) for output in outputs])
 
     def _apply_commands(self, block: bool) -> None:
         command = self._commands.get() if block else self._next_command()
+        replies: list[tuple[str, RequestOutput | BaseException]] = []
         while command is not None:
             kind, payload = command
             if kind == "add":
-                self._add(payload)
+                self._add(payload, replies)
             elif kind == "abort":
-                self._abort(payload)
+                self._abort(payload, replies)
             elif kind == "abort_all":
                 for request_id in self.engine.unfinished_request_ids():
-                    self._abort(request_id)
+                    self._abort(request_id, replies)
             command = self._next_command()
+        self._deliver(replies)
 
-    def _abort(self, request_id: str) -> None:
+    def _abort(self, request_id: str, replies: list) -> None:
         output = self.engine.abort(request_id)
         if output is not None:
-            self._deliver(request_id, output)
+            replies.append((request_id, output))
 
-    def _add(self, request: Request) -> None:
+    def _add(self, request: Request, replies: list) -> None:
         try:
             self.engine.add(request)
         except ValueError as error:
-            self._deliver(request.request_id, error)
+            replies.append((request.request_id, error))
 
     def _next_command(self):
         try:
@@ -270,23 +274,27 @@ class AsyncEngine:
         except queue.Empty:
             return None
 
-    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
-        stream = self._streams.get(request_id)
-        if stream is None:
-            return
-        if stream.final_only and stream.delivered and isinstance(item, RequestOutput) \
-                and not item.finished:
-            return
-        stream.delivered = True
-        if isinstance(item, RequestOutput) and item.error is not None:
-            item = RequestFailedError(item.error)
-        stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, item)
+    def _deliver(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        """Posts `items` to their streams' event loops: one post per loop, whatever their
+        number."""
+        by_mailbox: dict[Mailbox, list] = {}
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
+            if stream is None:
+                continue
+            if isinstance(item, RequestOutput) and item.error is not None:
+                item = RequestFailedError(item.error)
+            due = stream.due(item, self.stream_interval)
+            if due:
+                by_mailbox.setdefault(stream.mailbox, []).extend((stream, d) for d in due)
+        for mailbox, batch in by_mailbox.items():
+            mailbox.post(batch)
 
     def _die(self, error: Exception) -> None:
         self.dead_error = EngineDeadError(f"the engine failed and stopped: "
                                           f"{type(error).__name__}: {error}")
         self._stopped.set()
-        for request_id, stream in list(self._streams.items()):  # queued adds included
-            stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, self.dead_error)
+        # queued adds included
+        self._deliver([(request_id, self.dead_error) for request_id in list(self._streams)])
         if self.on_dead is not None:
             self.on_dead(error)

@@ -37,9 +37,9 @@ from engine.models.loader import load_model
 from engine.emit import RequestState, build_output, emit
 from engine.outputs import RequestOutput
 from engine.runner import runner_for
-from engine.runner.model_runner import ModelRunner
 from engine.runner.overlap import OverlappedSteps
 from engine.runner.static_runner import StaticStepRunner, uses_padded_steps
+from engine.runner.stub_runner import flat_runner
 from engine.sampling_params import SamplingParams
 from engine.spec_decode.factory import build_speculation
 from engine.spec_decode.prefill_drafts import drafts_at_prefill
@@ -83,7 +83,7 @@ class LLMEngine:
         # Padded steps write their padding rows' KV into one scratch block past the manager's.
         kv_cache = KVCache(arch, self.limits.num_kv_blocks + int(padded), self.limits.block_size,
                            self.dtype, self.device)
-        self.runner = ModelRunner(loaded.model, kv_cache, self.device)
+        self.runner = flat_runner(config, loaded, kv_cache, self.device)  # stub: benchmarks
         self.static_runner = StaticStepRunner.for_engine(
             config, loaded.model, kv_cache, self.limits, self.device, self.attention_backend) \
             if padded else None

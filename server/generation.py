@@ -19,6 +19,7 @@ from fastapi import Request
 
 from engine.grammar import Constraint
 from engine.metrics.spec_stats import SpecStats
+from engine.output_stream import merge_outputs
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from server.context import ServerContext
@@ -172,15 +173,28 @@ class FanOut:
             self._outputs.put_nowait((choice.index, self._END))
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(choice index, output) in arrival order. Whatever piled up while the reader was
+        away (its client reads slower than the engine writes) comes as one merged output per
+        choice: one SSE event, not one per step missed."""
         remaining = len(self._tasks)
         while remaining:
-            index, item = await self._outputs.get()
-            if item is self._END:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield index, item
+            items = [await self._outputs.get()]
+            while not self._outputs.empty():
+                items.append(self._outputs.get_nowait())
+            by_choice: dict[int, list[RequestOutput]] = {}
+            error = None
+            for index, item in items:
+                if item is self._END:
+                    remaining -= 1
+                elif isinstance(item, Exception):
+                    error = item  # what came before it is still sent; nothing after it
+                    break
+                else:
+                    by_choice.setdefault(index, []).append(item)
+            for index, outputs in by_choice.items():
+                yield index, merge_outputs(outputs)
+            if error is not None:
+                raise error
 
     async def finals(self) -> dict[int, RequestOutput]:
         """Runs every choice to the end; its last output by choice index."""

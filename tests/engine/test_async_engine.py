@@ -208,3 +208,48 @@ def test_freed_memory_is_handed_back_once_a_burst_ends(async_engine, monkeypatch
         # Once per idle moment: one, or two where the first request ended before the second
         # began; each with no request unfinished.
         assert asyncio.run(burst()) in (1, 2) and not any(trims), trims
+
+
+def test_a_step_wakes_the_event_loop_once_whatever_its_number_of_streams(async_engine,
+                                                                         monkeypatch):
+    """engine/output_stream.py: a step's outputs reach the event loop in one
+    `call_soon_threadsafe` at most, so a step that serves six streams wakes the loop once (or
+    not at all, when the loop has not yet taken an earlier step's). The counts are the engine
+    thread's calls; negative control: the steps served several streams each, so one call per
+    output (the delivery this replaced) would have made more calls than steps."""
+    num_streams, num_tokens = 6, 16
+    params = SamplingParams(max_tokens=num_tokens, temperature=0, ignore_eos=True)
+    served_per_step = []
+    step = async_engine.engine.step
+
+    def counted_step():
+        outputs = step()
+        if outputs:
+            served_per_step.append(len(outputs))
+        return outputs
+
+    async def main():
+        await _wait_until(lambda: not async_engine.engine.has_unfinished())
+        loop = asyncio.get_running_loop()
+        wakeups = []
+        call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counted(callback, *args, **kwargs):
+            if threading.current_thread() is async_engine._thread:
+                wakeups.append(callback)
+            return call_soon_threadsafe(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counted
+        monkeypatch.setattr(async_engine.engine, "step", counted_step)
+
+        async def one(i):
+            return [out async for out in async_engine.generate(f"Stream {i}", params)]
+
+        results = await asyncio.gather(*(one(i) for i in range(num_streams)))
+        return wakeups, results
+
+    wakeups, results = asyncio.run(main())
+    assert all(sum(len(o.delta_token_ids) for o in outs) == num_tokens for outs in results)
+    assert 1 <= len(wakeups) <= len(served_per_step)
+    assert sum(served_per_step) >= num_streams * num_tokens > len(served_per_step)
+    assert max(served_per_step) == num_streams
