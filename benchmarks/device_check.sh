@@ -12,6 +12,8 @@
 #   benchmarks/device_check.sh model gpu_tests profile   # carry .gpu/c: issue 45's checks
 #   benchmarks/device_check.sh model invariance_check    # carry .gpu/c: bfloat16 row invariance
 #   benchmarks/device_check.sh model serve70         # carry .gpu/c: issue 70's serving figures
+#   benchmarks/device_check.sh serve70_random   # one call, carry .whl and .gpu/smol: the same
+#       figures on random weights in the default model's shape
 #   benchmarks/device_check.sh wheels tiles   # one call, no model: the invariant product's tiles
 #   benchmarks/device_check.sh wheels trace   # one call, no model pieces: carry .whl and
 #       .gpu/smol (the default model's config and tokenizer files, copied from its folder in
@@ -233,6 +235,34 @@ serve70() {
     echo "== serve_check rc $?"
     tail -c 20000 /tmp/serve70/server.log >"$OUT/serve70_server.log" 2>/dev/null
     grep -E "Error|Traceback|first use after ready" "$log" /tmp/serve70/*.log | head -20
+    true
+}
+
+# Issue 70's serving figures without the model's pieces, in one call carrying .whl and .gpu/smol:
+# random bf16 weights in the default model's shape (speed does not depend on weight values), the
+# agent loop left out (its acceptance would mean nothing on random weights).
+serve70_random() {
+    local gpu
+    wheels
+    python3 - <<'PY' || exit 1
+import glob, shutil, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(".gpu/smol"),
+                                         dtype=torch.bfloat16)
+model.save_pretrained("/tmp/smolrand")
+for name in glob.glob(".gpu/smol/*"):
+    if not name.endswith("/config.json"):
+        shutil.copy(name, "/tmp/smolrand/")
+PY
+    gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+    timeout -k 20 "${SERVE70_S:-420}" python3 -m benchmarks.serve_check --skip-agentic \
+        --server-args "--model /tmp/smolrand --dtype bfloat16 --device cuda" --work /tmp/serve70 \
+        --output "$OUT/serve70_random_${gpu}.json" >"$OUT/serve70.log" 2>&1
+    echo "== serve_check rc $?"
+    tail -c 20000 /tmp/serve70/server.log >"$OUT/serve70_server.log" 2>/dev/null
+    grep -E "Error|Traceback|first use after ready" "$OUT/serve70.log" /tmp/serve70/*.log | head -20
+    cat "$OUT/serve70_random_${gpu}.json" 2>/dev/null | head -c 6000
     true
 }
 

@@ -16,7 +16,8 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from fastapi.responses import Response
 
-from engine import AsyncEngine, EngineConfig
+from engine import EngineConfig
+from engine.core_process import engine_factory
 from engine.metrics.stat_logger import PeriodicStatLogger
 from server import chat, completions, metrics, tokenize
 from server.connections import AcceptErrorLog
@@ -42,9 +43,11 @@ logger = logging.getLogger(__name__)
 __all__ = ["VERSION", "ServerSettings", "build_app"]
 
 
-def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSettings()) -> FastAPI:
+def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSettings(),
+              engine_core: str = "auto") -> FastAPI:
     """`/health` (liveness) and `/ready` (readiness) answer 503 until the engine has loaded and
-    run its warm-up step; `app.state.lifecycle` drains the server (see `server.lifecycle`)."""
+    run its warm-up step; `app.state.lifecycle` drains the server (see `server.lifecycle`).
+    `engine_core`: "thread", "process" or "auto" (engine/core_process/selection.py)."""
 
     server_metrics = metrics.ServerMetrics(settings.metrics_prefix)
     lifecycle = Lifecycle(settings)
@@ -55,7 +58,7 @@ def build_app(engine_config: EngineConfig, settings: ServerSettings = ServerSett
     async def lifespan(app: FastAPI):
         asyncio.get_running_loop().set_exception_handler(AcceptErrorLog())
         try:
-            engine = await asyncio.to_thread(AsyncEngine.from_config, engine_config)
+            engine = await asyncio.to_thread(engine_factory(engine_core, engine_config))
         except ValueError as error:
             # What the engine found wrong at start: the GPU memory share does not fit, a flag
             # that does not suit the model.

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from engine.config import QUANTIZATION_NAMES, EngineConfig
+from engine.core_process.selection import ENGINE_CORE_CHOICES
 from server import templates
 from server.connections import DEFAULT_HEADER_TIMEOUT_S
 from server.context import (
@@ -19,7 +20,7 @@ from server.context import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_STREAM_STALL_TIMEOUT_S,
 )
-from server.speculative_flags import add_speculative_arguments
+from server.speculative_flags import add_speculative_arguments, with_speculative_config
 
 
 def add_serve_parser(commands) -> None:
@@ -55,6 +56,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "dequantized weights); gguf: the same today; none: dequantize to float "
                         "weights (default: %(default)s)")
     add_speculative_arguments(p)
+    p.add_argument("--engine-core", default="auto", choices=ENGINE_CORE_CHOICES,
+                   help="where the engine steps: 'thread' (in the server's process), 'process' "
+                        "(a process of its own; the server tokenizes and streams); 'auto' "
+                        "(default): process on CUDA (measured faster there), thread on CPU")
     p.add_argument("--max-model-len", type=int, default=None, help="context length limit")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
@@ -134,6 +139,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    args = with_speculative_config(args)
     return EngineConfig.from_kwargs(
         model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         quantization=args.quantization,
@@ -230,7 +236,7 @@ def run_serve(args: argparse.Namespace) -> None:
                               template_limits=templates.TemplateLimits(
                                   args.chat_template_timeout, args.chat_template_max_bytes,
                                   args.chat_template_workers))
-    app = build_app(config, settings)
+    app = build_app(config, settings, engine_core=args.engine_core)
     serve(app, app.state.lifecycle, host=args.host, port=args.port, log_level=args.log_level,
           header_timeout_s=args.header_timeout)
 
