@@ -33,6 +33,7 @@ from server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
 )
+from server.sse_chunks import TextChunks
 from server.streaming import DONE, error_event, event
 from server.structured import prepare_constraint
 from server.templates import TemplateLimitError
@@ -119,6 +120,11 @@ async def render_prompt(context: ServerContext, body: ChatCompletionRequest,
     return Prompt(ids, text)
 
 
+def is_content_only(delta: dict) -> bool:
+    """A delta of text alone: the chunk `TextChunks` renders without pydantic."""
+    return len(delta) == 1 and type(delta.get("content")) is str
+
+
 def tool_reason(reason: str | None, called: bool) -> str | None:
     return "tool_calls" if called and reason == "stop" else reason
 
@@ -167,8 +173,12 @@ class _Response:
         return ChatCompletionChunk(id=self.id, created=self.created,
                                    model=self.context.model_name, choices=choices, usage=usage)
 
+    def _content_chunk(self, index: int, text: str) -> ChatCompletionChunk:
+        return self._chunk([ChatChunkChoice(index=index, delta={"content": text})])
+
     async def events(self, fanout: FanOut) -> AsyncGenerator[str, None]:
         with_usage = self.body.include_usage
+        content_events = TextChunks(self._content_chunk, with_usage)
         finals = {}
         streams = {c.index: ToolCallStream(self.tools) for c in self.choices}
         try:
@@ -185,8 +195,11 @@ class _Response:
                 if not deltas and logprobs is not None and logprobs.content:
                     deltas = [{"content": ""}]
                 for delta in deltas:
-                    yield event(self._chunk([ChatChunkChoice(
-                        index=index, delta=delta, logprobs=logprobs)]), with_usage)
+                    if logprobs is None and is_content_only(delta):  # the steady state
+                        yield content_events.event(index, delta["content"])
+                    else:
+                        yield event(self._chunk([ChatChunkChoice(
+                            index=index, delta=delta, logprobs=logprobs)]), with_usage)
                     self.writes.written(index)  # a yield returns once its event was sent
                     logprobs = None  # once per output
                 if output.finished:

@@ -26,6 +26,7 @@ from server.generation import (
 from server.logprobs import CompletionLogprobsBuilder, TokenTexts, merge_completion_logprobs
 from server.prompt_tokens import run_by_size
 from server.protocol import CompletionChoice, CompletionRequest, CompletionResponse
+from server.sse_chunks import TextChunks
 from server.streaming import DONE, error_event, event
 from server.structured import prepare_constraint
 from server.tenants import cache_partition
@@ -122,6 +123,9 @@ class _Response:
         return CompletionResponse(id=self.id, created=self.created, model=self.context.model_name,
                                   choices=choices, usage=usage)
 
+    def _text_chunk(self, index: int, text: str) -> CompletionResponse:
+        return self._chunk([CompletionChoice(index=index, text=text)])
+
     def complete(self, finals: dict) -> CompletionResponse:
         body, tokenizer = self.body, self.context.engine.tokenizer
         out = []
@@ -146,6 +150,7 @@ class _Response:
         by_index = {choice.index: choice for choice in self.choices}
         builders = {index: CompletionLogprobsBuilder(self.texts) for index in by_index}
         started, finals = set(), {}
+        text_events = TextChunks(self._text_chunk, with_usage)
         try:
             async for index, output in fanout:
                 self.writes.tokens_ready(index, output)
@@ -160,9 +165,14 @@ class _Response:
                 if body.logprobs is not None:
                     parts.append(builder.generated(output.delta_logprobs or []))
                     logprobs = merge_completion_logprobs(parts)
-                if text or (logprobs is not None and logprobs.tokens):
-                    yield event(self._chunk([CompletionChoice(index=index, text=text,
-                                                              logprobs=logprobs)]), with_usage)
+                rendered = None
+                if logprobs is None and text:  # the steady state
+                    rendered = text_events.event(index, text)
+                elif text or (logprobs is not None and logprobs.tokens):
+                    rendered = event(self._chunk([CompletionChoice(index=index, text=text,
+                                                                   logprobs=logprobs)]), with_usage)
+                if rendered is not None:
+                    yield rendered
                     self.writes.written(index)  # a yield returns once its event was sent
                 if output.finished:
                     finals[index] = output

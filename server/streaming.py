@@ -64,6 +64,58 @@ def error_event(error: Exception) -> str:
     return f"data: {json.dumps(stream_error(error).body())}\n\n"
 
 
+class StallWatch:
+    """Wraps a stream's `send`: a send that has not finished `timeout_s` after it started raises
+    TimeoutError in the sending task, as `asyncio.timeout` around each send would, without a
+    timer made and cancelled per chunk. One timer runs per stream: when it fires it checks the
+    send in flight, re-arms itself for that send's own deadline, or stops until the next send."""
+
+    def __init__(self, send: Send, timeout_s: float | None):
+        self._send = send
+        self._timeout_s = timeout_s
+        self._loop = asyncio.get_running_loop()
+        self._started: float | None = None  # when the send in flight started; None: no send
+        self._sender: asyncio.Task | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._fired = False
+
+    async def send(self, message) -> None:
+        if self._timeout_s is None:
+            await self._send(message)
+            return
+        self._started = started = self._loop.time()
+        self._sender = asyncio.current_task()
+        if self._timer is None:
+            self._timer = self._loop.call_at(started + self._timeout_s, self._check)
+        try:
+            await self._send(message)
+        except asyncio.CancelledError:
+            # Only this watch's cancel becomes a timeout; a disconnect's cancel stays one.
+            if self._fired and self._sender.uncancel() == 0:
+                raise TimeoutError from None
+            raise
+        finally:
+            self._started = None
+
+    def _check(self) -> None:
+        self._timer = None
+        if self._started is None:
+            return  # between sends: the next send arms the timer again
+        deadline = self._started + self._timeout_s
+        if self._loop.time() < deadline:
+            self._timer = self._loop.call_at(deadline, self._check)
+            return
+        # The sender is suspended inside this send (only it sets `_started`), so the cancel
+        # lands there.
+        self._fired = True
+        self._sender.cancel()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class EventStreamResponse(StreamingResponse):
     """A streaming response that always closes its event generator and calls `on_close`, so a
     client that disconnects between chunks aborts its engine requests at once, not whenever the
@@ -82,16 +134,14 @@ class EventStreamResponse(StreamingResponse):
         self._stall_timeout_s = stall_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def send_unless_stalled(message) -> None:
-            async with asyncio.timeout(self._stall_timeout_s):
-                await send(message)
-
+        watch = StallWatch(send, self._stall_timeout_s)
         try:
-            await super().__call__(scope, receive, send_unless_stalled)
+            await super().__call__(scope, receive, watch.send)
         except TimeoutError:
             _stalled.set(True)
             logger.info("stream aborted: its client read nothing for %g s",
                         self._stall_timeout_s)
         finally:
+            watch.close()
             await self._events.aclose()
             await self._on_close()
