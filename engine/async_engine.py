@@ -175,13 +175,9 @@ class AsyncEngine:
             raise self.dead_error or EngineDeadError("the engine loop is not running")
         finished = False
         try:
-            while not finished:
-                output, error = await stream.take()
-                if output is not None:
-                    finished = output.finished
-                    yield output
-                if error is not None:
-                    raise error
+            async for output in stream.outputs():
+                finished = output.finished
+                yield output
         finally:
             self._streams.pop(request.request_id, None)
             if not finished:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from engine.outputs import RequestOutput
@@ -87,6 +87,18 @@ class OutputStream:
             if isinstance(item, BaseException):  # nothing follows one
                 return (merge_outputs(items[:position]) if position else None), item
         return merge_outputs(items), None
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        """The stream's outputs in turn (pending ones merged) until the last; raises the
+        exception that ended the stream, after the outputs that came before it."""
+        while True:
+            output, error = await self.take()
+            if output is not None:
+                yield output
+            if error is not None:
+                raise error
+            if output is not None and output.finished:
+                return
 
 
 def hand_over(batch: list[tuple[OutputStream, RequestOutput | BaseException]]) -> None:

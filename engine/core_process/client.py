@@ -187,13 +187,9 @@ class EngineCoreClient:
         self._send(_add_message(request))
         finished = False
         try:
-            while not finished:
-                output, error = await stream.take()
-                if output is not None:
-                    finished = output.finished
-                    yield output
-                if error is not None:
-                    raise error
+            async for output in stream.outputs():
+                finished = output.finished
+                yield output
         finally:
             self._routes.close(request.request_id)
             if not finished:
