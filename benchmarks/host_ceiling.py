@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import shutil
 import socket
 import statistics
@@ -224,6 +225,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="rounds per tree")
     parser.add_argument("--model", default=None, help="the server's --model (default: its own)")
+    parser.add_argument("--this-args", default="",
+                        help="more server flags for this tree only, e.g. '--engine-core process' "
+                             "(a baseline tree may not know them)")
     parser.add_argument("--output")
     parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -239,7 +243,8 @@ def main() -> None:
             install_stub(baseline)
         servers = {}
         for name, tree in trees.items():
-            url, process = stack.enter_context(stub_server(tree, server_args))
+            extra = shlex.split(args.this_args) if name == "this" else []
+            url, process = stack.enter_context(stub_server(tree, [*server_args, *extra]))
             servers[name] = (url, process.pid)
         rounds = asyncio.run(measure(servers, args))
         alone = {name: engine_alone_in(tree, args) for name, tree in trees.items()}
@@ -252,6 +257,7 @@ def main() -> None:
         "config": {"concurrency": args.concurrency, "num_requests": args.num_requests,
                    "max_tokens": args.max_tokens, "repeats": args.repeats,
                    "baseline": args.baseline, "server_args": server_args,
+                   "this_args": args.this_args,
                    "endpoint": "chat, streamed, ignore_eos, greedy", "stub": STUB_ENV + "=1"},
         "median": {name: {**median_cell(r), **alone[name]} for name, r in rounds.items()},
         "rounds": {name: [{k: v for k, v in r.items() if k != "digests"} for r in rs]
