@@ -244,17 +244,7 @@ serve70() {
 serve70_random() {
     local gpu
     wheels
-    python3 - <<'PY' || exit 1
-import glob, shutil, torch
-from transformers import AutoConfig, AutoModelForCausalLM
-torch.manual_seed(0)
-model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(".gpu/smol"),
-                                         dtype=torch.bfloat16)
-model.save_pretrained("/tmp/smolrand")
-for name in glob.glob(".gpu/smol/*"):
-    if not name.endswith("/config.json"):
-        shutil.copy(name, "/tmp/smolrand/")
-PY
+    python3 -m benchmarks.random_weights .gpu/smol /tmp/smolrand || exit 1
     gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
     timeout -k 20 "${SERVE70_S:-420}" python3 -m benchmarks.serve_check --skip-agentic \
         --server-args "--model /tmp/smolrand --dtype bfloat16 --device cuda" --work /tmp/serve70 \

@@ -9,17 +9,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 SPECSERVE_CACHE_DIR=/tmp/ssc
-python3 - <<'PY' || exit 1
-import glob, shutil, torch
-from transformers import AutoConfig, AutoModelForCausalLM
-torch.manual_seed(0)
-model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(".gpu/smol"),
-                                         dtype=torch.bfloat16)
-model.save_pretrained("/tmp/smolrand")
-for name in glob.glob(".gpu/smol/*"):
-    if not name.endswith("/config.json"):
-        shutil.copy(name, "/tmp/smolrand/")
-PY
+python3 -m benchmarks.random_weights .gpu/smol /tmp/smolrand || exit 1
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
 timeout -k 20 "${CHECK_S:-450}" python3 -m benchmarks.engine_core_check \
     --output "$OUT/engine_core_${gpu}.json" \
