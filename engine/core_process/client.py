@@ -85,10 +85,16 @@ class EngineCoreClient:
     def from_config(cls, config: EngineConfig) -> "EngineCoreClient":
         return cls(config)
 
-    def _wait_ready(self) -> wire.Ready:
+    def _events_or_death(self) -> zmq.Poller:
+        """Polls the engine's events and its process's sentinel together: a death is seen
+        even when no message announces it."""
         poller = zmq.Poller()
         poller.register(self._events, zmq.POLLIN)
         poller.register(self._process.sentinel, zmq.POLLIN)
+        return poller
+
+    def _wait_ready(self) -> wire.Ready:
+        poller = self._events_or_death()
         while True:
             ready = dict(poller.poll())
             if self._events in ready:
@@ -233,9 +239,7 @@ class EngineCoreClient:
 
     # -------------------------------------------------------------- I/O thread
     def _read_events(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._events, zmq.POLLIN)
-        poller.register(self._process.sentinel, zmq.POLLIN)
+        poller = self._events_or_death()
         while True:
             ready = dict(poller.poll())
             if self._events in ready:
