@@ -78,9 +78,11 @@ def test_nothing_moves_without_transparent_huge_pages(monkeypatch):
 
 def test_the_default_model_decodes_from_huge_pages(default_llm):
     """Where the kernel has huge pages, the loaded model's packed weights are all in its mapping
-    and that mapping is backed by them; a plain tensor of the same size is not (the control,
-    where huge pages are given only on request). The engine's greedy tokens, computed from
-    these weights, are checked against the torch reference in test_int8_engine.py."""
+    and that mapping is backed by them; an anonymous mapping of the same size that never asked
+    for them is not (the control, where huge pages are given only on request). The control is a
+    bare mmap, not a torch tensor: torch's allocator or glibc may madvise a large heap block
+    themselves (CI saw a plain 100 MB tensor in huge pages). The engine's greedy tokens, computed
+    from these weights, are checked against the torch reference in test_int8_engine.py."""
     _needs_huge_pages()
     model = default_llm.engine.runner.model
     mapping = model.weight_mapping
@@ -91,5 +93,10 @@ def test_the_default_model_decodes_from_huge_pages(default_llm):
     assert parts and all(start <= p.packed.data_ptr() < end for p in parts)
     assert anon_huge_kb_at(start) >= 2048
     if weight_arena.transparent_huge_pages() == "madvise":
-        plain = torch.ones(arena.numel(), dtype=torch.uint8)
+        plain_mapping = weight_arena.mmap.mmap(
+            -1, arena.numel(), flags=weight_arena.mmap.MAP_PRIVATE | weight_arena.mmap.MAP_ANONYMOUS)
+        plain = torch.frombuffer(plain_mapping, dtype=torch.uint8)
+        plain.fill_(1)
         assert anon_huge_kb_at(plain.data_ptr()) == 0
+        del plain
+        plain_mapping.close()
