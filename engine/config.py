@@ -42,8 +42,16 @@ class ModelConfig:
     # that bfloat16 verification is exactly decoding (engine/models/invariant_linear.py). CPU
     # float32 and GGUF paths are so already; on CUDA it costs device time (docs/gpu.md).
     batch_invariant: bool = False
+    # Ranks the model is sharded over (engine/distributed/, docs/multi-gpu.md): rank 0 is this
+    # process, ranks 1..N-1 processes it starts. 1: one process, no collectives.
+    tensor_parallel_size: int = 1
+    # Decode/verify steps of plain Llama layers in five fused Triton kernels a layer on CUDA
+    # (engine/models/fused_layer.py); "off": the torch path.
+    fused_kernels: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.fused_kernels not in ("auto", "off"):
+            raise ValueError(f"--fused-kernels must be auto or off, got {self.fused_kernels!r}")
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATION_NAMES:
@@ -54,6 +62,12 @@ class ModelConfig:
                              f", got {self.attention_backend!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"--tensor-parallel-size must be >= 1, got "
+                             f"{self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.padded_steps:
+            raise ValueError("--tensor-parallel-size > 1 runs flat steps: a replayed CUDA graph "
+                             "would not tell the other ranks to run theirs (drop --padded-steps)")
 
 
 @dataclass(frozen=True)
@@ -205,6 +219,10 @@ class EngineConfig:
                 and self.speculative.num_speculative_tokens > 15:
             raise ValueError("--batch-invariant takes at most 15 speculative tokens (16 verified "
                              f"rows a request), got {self.speculative.num_speculative_tokens}")
+        if self.model.tensor_parallel_size > 1 and self.scheduler.async_scheduling:
+            raise ValueError("--tensor-parallel-size > 1 does not overlap steps: each step's "
+                             "inputs go to the other ranks when it starts (drop "
+                             "--async-scheduling)")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

@@ -28,6 +28,7 @@ from engine.core.kv_cache import KVCache, bytes_per_block
 from engine.core.memory import num_kv_blocks
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
+from engine.distributed.launch import start_tensor_parallel
 from engine.failures import describe, verify_step
 from engine.faults import Faults
 from engine.grammar import GrammarCompiler
@@ -55,9 +56,12 @@ class LLMEngine:
         self.dtype = pick_dtype(config.model.dtype, self.device)
         release_cached_memory(self.device)
         free_at_start = free_memory_bytes(self.device)
+        # --tensor-parallel-size N: ranks 1..N-1 start and load their shards beside this one.
+        self.parallel = start_tensor_parallel(config, self.device)
         loaded = load_model(config.model.model, self.device, self.dtype,
                             quantization=config.model.quantization,
-                            max_model_len=config.model.max_model_len)
+                            max_model_len=config.model.max_model_len,
+                            shard=self.parallel and self.parallel.shard)
         self.model_name = loaded.name
         self.model_folder = loaded.folder
         self.tokenizer = loaded.tokenizer
@@ -72,6 +76,12 @@ class LLMEngine:
         if config.model.batch_invariant:
             loaded.model.use_batch_invariant_kernels(self.device, self.dtype,
                                                      self.attention_backend)
+        fused_layers = loaded.model.use_fused_kernels(config.model.fused_kernels, self.device,
+                                                      self.dtype)
+        if fused_layers:
+            logger.info("fused kernels: %d of %d layers", fused_layers, arch.num_layers)
+        if self.parallel is not None:  # before the first call into the model
+            self.parallel.follow(loaded.model)
         self.vocab_size = arch.vocab_size
         max_model_len = min(config.model.max_model_len or arch.max_position_embeddings,
                             arch.max_position_embeddings)
@@ -79,10 +89,14 @@ class LLMEngine:
             num_kv_blocks=num_kv_blocks(config, loaded.model, self.dtype, self.device,
                                         free_at_start, max_model_len),
             block_size=config.cache.block_size, max_model_len=max_model_len)
-        padded = uses_padded_steps(config, self.device)
+        # Under tensor parallelism a step is announced to the other ranks as it starts: no
+        # replayed graph (padded steps), no overlap.
+        padded = uses_padded_steps(config, self.device) and self.parallel is None
         # Padded steps write their padding rows' KV into one scratch block past the manager's.
-        kv_cache = KVCache(arch, self.limits.num_kv_blocks + int(padded), self.limits.block_size,
-                           self.dtype, self.device)
+        kv_cache = KVCache(loaded.model.kv_arch, self.limits.num_kv_blocks + int(padded),
+                           self.limits.block_size, self.dtype, self.device)
+        if self.parallel is not None:
+            self.parallel.mirror.set_main_cache(kv_cache)
         self.runner = flat_runner(config, loaded, kv_cache, self.device)  # stub: benchmarks
         self.static_runner = StaticStepRunner.for_engine(
             config, loaded.model, kv_cache, self.limits, self.device, self.attention_backend) \
@@ -99,7 +113,7 @@ class LLMEngine:
                 self.block_manager.window = None
         self.scheduler.draft_at_prefill = drafts_at_prefill(
             config.speculative.draft_at_prefill, self.proposer, self.device, self.dtype)
-        self.overlap = OverlappedSteps.for_engine(self)  # refuses before the graphs' capture
+        self.overlap = OverlappedSteps.for_engine(self) if self.parallel is None else None
         if self.static_runner is not None:  # after speculation: a head may widen the outputs
             self.static_runner.capture_graphs()
         self._states: dict[str, RequestState] = {}
@@ -122,7 +136,7 @@ class LLMEngine:
 
     @property
     def kv_block_bytes(self) -> int:
-        return bytes_per_block(self.runner.model.arch, self.limits.block_size, self.dtype)
+        return bytes_per_block(self.runner.model.kv_arch, self.limits.block_size, self.dtype)
 
     # ------------------------------------------------------------------ intake
     def make_request(self, prompt: str | list[int], params: SamplingParams,

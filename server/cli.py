@@ -80,10 +80,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode/verify attention: 'torch' gathers KV pages and calls SDPA; "
                         "'triton' reads the block table in one kernel; 'auto' (default): "
                         "triton on CUDA where it is installed, torch elsewhere")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="shard the model over N ranks (processes this server starts; NCCL with "
+                        "one GPU each, gloo on CPU): N must divide the attention heads, and "
+                        "divide or be a multiple of the KV heads (docs/multi-gpu.md)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="compute each row of a step bitwise as alone (GPU: Triton products for "
                         "steps of at most 64 rows), so bfloat16 speculation gives exactly the "
                         "non-speculative tokens; costs GPU time (docs/gpu.md)")
+    p.add_argument("--fused-kernels", default="auto", choices=["auto", "off"],
+                   help="decode/verify steps of plain Llama layers in five fused Triton kernels "
+                        "a layer on CUDA (bf16/fp16, <= 64 rows); 'off': the torch path "
+                        "(default: %(default)s)")
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help="exact number of KV blocks (overrides --kv-cache-memory)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -148,6 +156,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kv_cache_memory_gib=args.kv_cache_memory, num_kv_blocks=args.num_kv_blocks,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         attention_backend=args.attention_backend, batch_invariant=args.batch_invariant,
+        tensor_parallel_size=args.tensor_parallel_size,
+        fused_kernels=args.fused_kernels,
         block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching,
         speculative_method=args.speculative_method,
         num_speculative_tokens=args.num_speculative_tokens, draft_model=args.draft_model,

@@ -15,6 +15,7 @@ from torch import nn
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.options import AttentionOptions
 from engine.attention.torch_backend import paged_attention
+from engine.models import fused_layer
 from engine.models.architecture import LlamaArchitecture
 from engine.models.layers import MLP, Linear, RMSNorm, RotaryStep
 from engine.models.moe import SparseMoE
@@ -79,8 +80,13 @@ class DecoderLayer(nn.Module):
         self.mlp = SparseMoE(arch) if arch.is_sparse(layer) else MLP(arch)
         # Gemma 3: sliding-window layers rotate with a rotation of their own
         self.local_rope = arch.local_rope is not None and arch.window_of(layer) is not None
+        # --fused-kernels: decode and verify steps in five kernels (fused_layer.py); set once
+        # the weights are loaded, where fused_layer.layer_allows this layer.
+        self.fused = False
 
     def forward(self, x, rope: RotaryStep, k_cache, v_cache, meta):
+        if self.fused and fused_layer.step_allows(x, rope, k_cache, self.self_attn.qkv_proj.weight):
+            return fused_layer.forward(self, x, rope, k_cache, v_cache, meta)
         if self.sandwich:
             attended = self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta)
             x = x + self.post_attention_layernorm(attended)

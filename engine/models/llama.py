@@ -17,6 +17,7 @@ from engine.attention import triton_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.models.architecture import LlamaArchitecture
 from engine.models.checkpoint_names import Place, parts_of, place_of
+from engine.models import fused_layer
 from engine.models.decoder_layer import DecoderLayer
 from engine.models.layers import Linear, RMSNorm, RotaryEmbedding
 from engine.models.stack import CompiledStack, run_stack, stack_applies
@@ -30,6 +31,9 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, arch: LlamaArchitecture):
         super().__init__()
         self.arch = arch
+        # The heads this process's KV cache holds: the model's, or one tensor-parallel rank's
+        # (engine/distributed/shard_model.py). Every KVCache of this model is built from it.
+        self.kv_arch = arch
         # A tied model has one vocabulary matrix: the LM head's, which doubles as the embedding.
         self.embed_tokens = (
             None if arch.tie_word_embeddings else nn.Embedding(arch.vocab_size, arch.hidden_size)
@@ -90,6 +94,15 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.row_invariant = True
+
+    def use_fused_kernels(self, mode: str, device: torch.device, dtype: torch.dtype) -> int:
+        """--fused-kernels: 'auto' runs the decode and verify steps of the layers that
+        fused_layer.py computes in its five kernels, on CUDA in bfloat16/float16; 'off' keeps
+        the torch path. Returns how many layers took it."""
+        on = mode == "auto" and fused_layer.device_allows(device, dtype)
+        for layer in self.layers:
+            layer.fused = on and fused_layer.layer_allows(layer)
+        return sum(layer.fused for layer in self.layers)
 
     def pack_for_cpu(self) -> None:
         """Repacks every projection for the CPU's fastest kernel (no-op elsewhere)."""

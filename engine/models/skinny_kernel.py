@@ -44,16 +44,20 @@ def _rope_epilogue(first, second, rows, row_real, dims, head, columns, out_ptr, 
     row_out = out_ptr + rows[:, None] * stride_out
     tl.store(row_out + columns[None, :], first_out, mask=mask)
     tl.store(row_out + (columns + HEAD_DIM // 2)[None, :], second_out, mask=mask)
-    is_key = (head >= NUM_HEADS) & rotates
-    is_value = head >= NUM_HEADS + NUM_KV
-    kv_head = tl.where(is_key, head - NUM_HEADS, tl.where(is_value, head - NUM_HEADS - NUM_KV,
-                                                          0))
+    # The head as a per-row vector: the masks below are then plain [rows, 1] masks.
+    row_head = rows * 0 + head
+    is_key = (row_head >= NUM_HEADS) & (row_head < NUM_HEADS + NUM_KV)
+    is_value = row_head >= NUM_HEADS + NUM_KV
+    kv_head = tl.where(is_key, row_head - NUM_HEADS, row_head - NUM_HEADS - NUM_KV)
+    kv_head = tl.where(is_key | is_value, kv_head, 0)
     slot = tl.load(slot_ptr + rows, mask=row_real, other=0)
-    cache = slot[:, None] * stride_cache_slot + kv_head * stride_cache_head
-    tl.store(k_cache_ptr + cache + dims[None, :], first_out, mask=mask & is_key)
-    tl.store(k_cache_ptr + cache + upper[None, :], second_out, mask=mask & is_key)
-    tl.store(v_cache_ptr + cache + dims[None, :], first_out, mask=mask & is_value)
-    tl.store(v_cache_ptr + cache + upper[None, :], second_out, mask=mask & is_value)
+    cache = slot[:, None] * stride_cache_slot + kv_head[:, None] * stride_cache_head
+    key_mask = (row_real & is_key)[:, None]
+    value_mask = (row_real & is_value)[:, None]
+    tl.store(k_cache_ptr + cache + dims[None, :], first_out, mask=key_mask)
+    tl.store(k_cache_ptr + cache + upper[None, :], second_out, mask=key_mask)
+    tl.store(v_cache_ptr + cache + dims[None, :], first_out, mask=value_mask)
+    tl.store(v_cache_ptr + cache + upper[None, :], second_out, mask=value_mask)
 
 
 # The row count is not specialized on (one kernel for every batch size is the point), nor

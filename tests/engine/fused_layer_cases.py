@@ -1,0 +1,102 @@
+"""One decoder layer on the fused path (engine/models/fused_layer.py) against the torch
+DecoderLayer: the checks, run in-process on CUDA and under Triton's interpreter on the CPU
+(`TRITON_INTERPRET=1 python -m tests.engine.fused_layer_cases layer`), as fused_cases.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.metadata import build_attention_metadata
+from engine.models import skinny_gemm
+from engine.models.architecture import LlamaArchitecture
+from engine.models.decoder_layer import DecoderLayer
+from engine.models.layers import RotaryEmbedding
+
+BLOCK_SIZE, NUM_BLOCKS = 16, 16
+# One step of four requests: a decode row, a verify step of 4 rows, a prefill chunk that is its
+# whole context (attended on the fresh keys) and one past cached context (read from the cache).
+QUERY_LENS, CONTEXT_LENS = [1, 4, 18, 17], [20, 33, 18, 40]
+
+
+def tiny_arch(**overrides) -> LlamaArchitecture:
+    settings = dict(vocab_size=64, hidden_size=64, intermediate_size=48, num_layers=1,
+                    num_heads=2, num_kv_heads=1, head_dim=32, rms_norm_eps=1e-5,
+                    max_position_embeddings=128, tie_word_embeddings=True, qkv_bias=False,
+                    o_bias=False, mlp_bias=False, rope_theta=1e4, rope_scaling=None)
+    settings.update(overrides)
+    return LlamaArchitecture(**settings)
+
+
+def _layer(arch, device, dtype) -> DecoderLayer:
+    layer = DecoderLayer(arch)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in layer.named_parameters():
+            scale = 0.1 if param.dim() == 1 else param.shape[1] ** -0.5
+            offset = 1.0 if param.dim() == 1 else 0.0  # norm gains about 1
+            param.copy_(torch.randn(param.shape, generator=generator) * scale + offset)
+    return layer.to(device, dtype)
+
+
+def _step(arch, device, dtype):
+    """(x, rope, meta, k_cache, v_cache): the step's rows and caches holding random history."""
+    generator = torch.Generator().manual_seed(1)
+    tables = torch.randperm(NUM_BLOCKS, generator=generator).view(4, 4).tolist()
+    meta = build_attention_metadata(QUERY_LENS, CONTEXT_LENS, tables, BLOCK_SIZE, device)
+    positions = torch.cat([torch.arange(c - q, c) for q, c in zip(QUERY_LENS, CONTEXT_LENS)])
+    rope = RotaryEmbedding(arch).to(device).at(positions.to(device), dtype)
+    cache_shape = (NUM_BLOCKS, BLOCK_SIZE, arch.num_kv_heads, arch.head_dim)
+    k_cache = torch.randn(cache_shape, generator=generator).to(device, dtype)
+    v_cache = torch.randn(cache_shape, generator=generator).to(device, dtype)
+    x = torch.randn(sum(QUERY_LENS), arch.hidden_size, generator=generator).to(device, dtype)
+    return x, rope, meta, k_cache, v_cache
+
+
+def _run(layer, fused: bool, backend: str, arch, device, dtype):
+    x, rope, meta, k_cache, v_cache = _step(arch, device, dtype)
+    layer.fused = fused
+    layer.self_attn.backend = backend
+    with torch.inference_mode():
+        out = layer(x, rope, k_cache, v_cache, meta)
+    return out, k_cache, v_cache
+
+
+def _close(a, b, tolerance) -> bool:
+    return all(torch.allclose(x.float(), y.float(), atol=tolerance, rtol=tolerance)
+               for x, y in zip(a, b))
+
+
+def check_layer(device: torch.device, dtype: torch.dtype, tolerance: float) -> None:
+    """The layer's output and the KV it writes match the torch path's, with either attention
+    backend, for decode, verify and prefill-chunk rows in one step. Negative control: the fused
+    path with its projections' residual dropped fails the same comparison."""
+    arch = tiny_arch()
+    layer = _layer(arch, device, dtype)
+    calls = []
+    qkv_rope = skinny_gemm.norm_qkv_rope
+    skinny_gemm.norm_qkv_rope = lambda *a, **k: calls.append(1) or qkv_rope(*a, **k)
+    try:
+        for backend in ("torch", "triton"):
+            calls.clear()
+            want = _run(layer, False, backend, arch, device, dtype)
+            assert not calls
+            got = _run(layer, True, backend, arch, device, dtype)
+            assert calls, "the fused path did not run"
+            assert _close(got, want, tolerance), backend
+    finally:
+        skinny_gemm.norm_qkv_rope = qkv_rope
+    linear = skinny_gemm.linear
+    skinny_gemm.linear = lambda x, weight, residual=None, tiles=None: linear(x, weight)
+    try:
+        assert not _close(_run(layer, True, "torch", arch, device, dtype), want, tolerance)
+    finally:
+        skinny_gemm.linear = linear
+
+
+CHECKS = {"layer": check_layer}
+
+if __name__ == "__main__":
+    from tests.engine.interpreted import main
+
+    main(CHECKS)
