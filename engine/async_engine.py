@@ -207,6 +207,9 @@ class AsyncEngine:
         finally:
             self._built.set()
         release_freed_host_memory()  # what loading freed, before serving
+        parallel = getattr(self.engine, "parallel", None)
+        if parallel is not None:  # a dead rank wakes an idle loop, which then fails and stops
+            parallel.add_death_listener(lambda error: self._commands.put(("fail", error)))
         self._run()
 
     def _run(self) -> None:
@@ -250,6 +253,8 @@ class AsyncEngine:
             elif kind == "abort_all":
                 for request_id in self.engine.unfinished_request_ids():
                     self._abort(request_id, replies)
+            elif kind == "fail":  # no one request's fault: the loop's handler stops the engine
+                raise payload
             command = self._next_command()
         self._deliver(replies)
 

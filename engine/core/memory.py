@@ -47,7 +47,7 @@ def num_kv_blocks(config: EngineConfig, model, dtype: torch.dtype, device: torch
             # The draft's own KV pool has as many blocks, each no larger than the target's for
             # a draft smaller than the target: half the budget each.
             budget //= 2
-    return num_blocks_for_budget(model.arch, cache.block_size, dtype, budget)
+    return num_blocks_for_budget(model.kv_arch, cache.block_size, dtype, budget)
 
 
 def gpu_kv_cache_budget(total: int, free_at_start: int, used_by_us: int,
@@ -95,7 +95,7 @@ def profile_forward(model, block_size: int, dtype: torch.dtype, device: torch.de
 def _profile_step(model, block_size: int, dtype: torch.dtype, device: torch.device,
                   query_lens: list[int], context_lens: list[int], num_logits: int) -> None:
     num_cache_blocks = -(-max(query_lens) // block_size) + 1
-    kv_cache = KVCache(model.arch, num_cache_blocks, block_size, dtype, device)
+    kv_cache = KVCache(model.kv_arch, num_cache_blocks, block_size, dtype, device)
     width = -(-max(context_lens) // block_size)
     table = [i % num_cache_blocks for i in range(width)]
     meta = build_attention_metadata(query_lens, context_lens, [table] * len(query_lens),

@@ -74,6 +74,9 @@ class EngineCore:
                 release_freed_host_memory()
                 stepped = False
             self._check_parent()
+            parallel = getattr(self.engine, "parallel", None)
+            if parallel is not None:  # a dead tensor-parallel rank: raise, the caller exits 1
+                parallel.check()
             message = wire.StepMessage()
             timeout = (COMPILE_POLL_MS if self.compiling else IDLE_POLL_MS) if idle else 0
             self._apply_commands(message, timeout)

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,15 +170,19 @@ def iter_checkpoint_tensors(folder: Path):
 
 def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
                with_tokenizer: bool = True, quantization: str = "auto",
-               max_model_len: int | None = None) -> LoadedModel:
+               max_model_len: int | None = None,
+               shard: Callable[[LlamaForCausalLM], None] | None = None) -> LoadedModel:
     """Loads weights (and, unless told not to, the tokenizer) of a Llama-family model.
     `max_model_len`: positions past it are never used, so no table is built for them (a model
-    file may claim a context of 2^32 - 1 tokens)."""
+    file may claim a context of 2^32 - 1 tokens). `shard`: cuts the loaded weights for one
+    tensor-parallel rank (engine/distributed/), before any kernel repacks them."""
     path, name = locate_model(model)
     if path.is_file():
         gguf_native.check_gguf(path)
     if keeps_gguf_blocks(path, device, dtype, quantization):
         folder, hf_config, llama, tokenizer = _load_native(path, with_tokenizer, max_model_len)
+        if shard is not None:
+            shard(llama)
         if uses_integer_kernels(quantization):
             llama.use_integer_kernels()
         # before any forward: the fused layers and the compiled stack take these tensors
@@ -187,6 +192,8 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
     else:
         folder, hf_config, llama, tokenizer = _load_float(path, device, with_tokenizer,
                                                           max_model_len)
+        if shard is not None:
+            shard(llama)
     llama = llama.to(dtype).eval()
     llama.pack_for_cpu()
     return LoadedModel(

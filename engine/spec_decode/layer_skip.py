@@ -109,7 +109,7 @@ def _argmax_predictions(model, token_ids, layer_ids) -> torch.Tensor:  # [num_to
     device = model.lm_head.weight.device
     block_size = 16
     num_blocks = -(-len(token_ids) // block_size)
-    cache = KVCache(model.arch, num_blocks, block_size, model.norm.weight.dtype, device)
+    cache = KVCache(model.kv_arch, num_blocks, block_size, model.norm.weight.dtype, device)
     n = len(token_ids)
     meta = build_attention_metadata([n], [n], [list(range(num_blocks))], block_size, device)
     logits = model(torch.tensor(token_ids, device=device), torch.arange(n, device=device), cache,
