@@ -15,6 +15,8 @@
 #   benchmarks/device_check.sh serve70_random   # one call, carry .whl and .gpu/smol: the same
 #       figures on random weights in the default model's shape
 #   benchmarks/device_check.sh wheels tiles   # one call, no model: the invariant product's tiles
+#   benchmarks/device_check.sh fused71   # one call, carry .whl and .gpu/smol: issue 71's fused
+#       kernels' tests on the device, the batch-1 step with them on/off/PDL, the 8B shape on/off
 #   benchmarks/device_check.sh wheels trace   # one call, no model pieces: carry .whl and
 #       .gpu/smol (the default model's config and tokenizer files, copied from its folder in
 #       the cache, ~/.cache/specserve/gguf/SmolLM2-*): what holds the host in an overlapped step
@@ -266,6 +268,51 @@ tiles() {
         --output "$OUT/invariant_tiles_${gpu}.json" >"$OUT/tiles.log" 2>&1
     echo "== invariant_tiles rc $?"
     grep -E "Error|Traceback" "$OUT/tiles.log" | head -5
+}
+
+# Issue 71's fused decode/verify kernels (engine/models/fused_layer.py, skinny_gemm.py) in one
+# call carrying .whl and .gpu/smol, about 7 minutes: their tests on the device (bfloat16 too, which
+# the CPU's interpreter cannot run), the batch-1 step of the default model's shape on random bf16
+# weights with the fused kernels on, off, and on with programmatic dependent launch
+# (SPECSERVE_PDL=1), the 8B shape's step on and off against the bandwidth limit, the tiles timed
+# (last: a timeout there costs nothing else), then one summary JSON naming the GPU and the torch,
+# Triton and CUDA versions. Four files come back: the summary, the raw JSONs in one archive, and
+# two logs. Not yet run: written without a GPU (PTX compiled for sm_90 on the CPU).
+fused71() {
+    local log="$OUT/fused71.log" gpu mode flag
+    if [ -d .whl ]; then wheels; fi
+    gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'triton', triton.__version__, torch.cuda.get_device_name())" | tee -a "$log"
+    TEST_S=150 shard fused tests/engine/test_fused_kernels.py tests/engine/test_triton_ops.py \
+        tests/engine/test_row_invariance.py
+    grep -h -E "^(FAILED|ERROR)" "$OUT/fused.log" | cut -c1-220 | head -20
+    python3 -m benchmarks.random_weights .gpu/smol /tmp/smolrand >>"$log" 2>&1 \
+        || echo "== random_weights failed (is .gpu/smol carried?)"
+    for mode in on off pdl; do
+        flag=auto; [ "$mode" = off ] && flag=off
+        SPECSERVE_PDL=$([ "$mode" = pdl ] && echo 1 || echo 0) timeout 100 python3 -m \
+            benchmarks.profile_step --model /tmp/smolrand --methods none --steps 64 \
+            --fused-kernels "$flag" --output "$OUT/profile_step_fused_${mode}_${gpu}.json" \
+            >>"$log" 2>&1
+        echo "== profile_step fused $mode rc $?"
+    done
+    for mode in on off; do
+        flag=auto; [ "$mode" = off ] && flag=off
+        timeout 100 python3 -m benchmarks.real_size --attention-backend triton --rows 1,8 \
+            --verify-rows 8 --fused-kernels "$flag" \
+            --output "$OUT/real_size_fused_${mode}_${gpu}.json" >>"$log" 2>&1
+        echo "== real_size fused $mode rc $?"
+    done
+    timeout 150 python3 -m benchmarks.fused_tiles --quick \
+        --output "$OUT/fused_tiles_${gpu}.json" >>"$log" 2>&1
+    echo "== fused_tiles rc $?"
+    python3 -m benchmarks.fused_summary "$OUT" "$gpu" --output "$OUT/fused71_${gpu}.json"
+    (cd "$OUT" && tar czf "fused71_raw_${gpu}.tgz" ./*_fused_*"_${gpu}.json" \
+        "fused_tiles_${gpu}.json" 2>/dev/null && rm -f ./*_fused_*"_${gpu}.json" \
+        "fused_tiles_${gpu}.json")
+    grep -E "Error|Traceback" "$log" | head -20
+    true
 }
 
 # The GPU tests of what issue 45 changed: fused ops, Triton attention, padded steps, lossless

@@ -156,7 +156,7 @@ def profile_method(model: str, method: str, args, device) -> dict:
     options = {"speculative_method": method, "enable_prefix_caching": False,
                "kv_cache_memory_gib": 1.0, "dtype": args.dtype, "max_num_seqs": 1,
                "max_model_len": 2048, "attention_backend": args.attention_backend,
-               "batch_invariant": args.batch_invariant,
+               "batch_invariant": args.batch_invariant, "fused_kernels": args.fused_kernels,
                "async_scheduling": {"on": True, "off": False}.get(args.async_scheduling)}
     llm = LLM(model, **options)
     engine = llm.engine
@@ -230,6 +230,9 @@ def main() -> None:
     parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     parser.add_argument("--batch-invariant", action="store_true",
                         help="the engine with --batch-invariant (row-invariant GPU kernels)")
+    parser.add_argument("--fused-kernels", default="auto", choices=["auto", "off"],
+                        help="the layers' fused decode/verify kernels (engine/models/"
+                             "fused_layer.py; auto: on CUDA in bf16/fp16)")
     parser.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"],
                         help="overlapped steps (auto: on for CUDA)")
     parser.add_argument("--output")
@@ -258,6 +261,7 @@ def main() -> None:
           "config": {"model": args.model or "default (SmolLM2-135M-Instruct)", "dtype": args.dtype,
                      "attention_backend": args.attention_backend,
                      "batch_invariant": args.batch_invariant,
+                     "fused_kernels": args.fused_kernels,
                      "async_scheduling": args.async_scheduling, "steps": args.steps, "repeats": args.repeats, "workload": args.workload,
                      "batch": 1, "greedy": True},
           "results": results}, args.output)

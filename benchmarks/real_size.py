@@ -146,6 +146,9 @@ def main() -> None:
     parser.add_argument("--attention-backend", default="torch")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="the row-invariant products (engine/models/invariant_linear.py)")
+    parser.add_argument("--fused-kernels", default="auto", choices=["auto", "off"],
+                        help="the layers' fused decode/verify kernels (engine/models/"
+                             "fused_layer.py), as the engine's option")
     parser.add_argument("--acceptance", help="a spec_matrix JSON to project speedups from")
     parser.add_argument("--output")
     args = parser.parse_args()
@@ -159,6 +162,7 @@ def main() -> None:
     model.set_attention_backend(args.attention_backend)
     if args.batch_invariant:
         model.use_batch_invariant_kernels(device, dtype, args.attention_backend)
+    fused_layers = model.use_fused_kernels(args.fused_kernels, device, dtype)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     rows = [int(r) for r in args.rows.split(",")]
     verify_rows = [int(r) for r in args.verify_rows.split(",")]
@@ -186,6 +190,7 @@ def main() -> None:
         "benchmark": "real_size", "date": time.strftime("%Y-%m-%d"), **device_facts(device),
         "config": {"model": args.config, "dtype": args.dtype, "context": args.context,
                    "batch_invariant": args.batch_invariant,
+                   "fused_kernels": args.fused_kernels, "fused_layers": fused_layers,
                    "iters": args.iters, "attention_backend": args.attention_backend,
                    "graphs": runner.graphs.enabled, "weights": "random (normal, std 0.02)"},
         "weight_bytes": weight_bytes,

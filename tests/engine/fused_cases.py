@@ -123,8 +123,10 @@ def _alone_equals_in_company(product, x: torch.Tensor, counts) -> bool:
 
 def check_row_invariance(device: torch.device, dtype: torch.dtype, tolerance: float) -> None:
     """A row's result is bitwise the same alone and among 2 to 64 rows, for each fused op.
-    Negative control: tiles that follow the row count (the inner dimension summed in other
-    chunks once a row has company) fail the same comparison."""
+    Negative controls that fail the same comparison: a product split in two halves of the inner
+    dimension, summed in the output's dtype, once a row has company (a split-K GEMM's way); and
+    in float32, tiles that follow the row count (the inner dimension summed in other chunks once
+    a row has company: a float32 difference, which rounding to bfloat16 mostly hides)."""
     counts = ROW_COUNTS[device.type]
     for shape in SHAPES[device.type][:2]:
         case = Case(shape, max(counts), device, dtype)
@@ -149,8 +151,19 @@ def check_row_invariance(device: torch.device, dtype: torch.dtype, tolerance: fl
 
         for name, product in ops(by_shape).items():
             assert _alone_equals_in_company(product, case.x, counts), (shape, name)
-        for name, product in ops(by_rows).items():
-            assert not _alone_equals_in_company(product, case.x, counts), (shape, name)
+        half = case.x.shape[1] // 2
+
+        def split(x):
+            if len(x) == 1:
+                return skinny_gemm.linear(x, case.o, case.residual[:1])
+            return (skinny_gemm.linear(x[:, :half], case.o[:, :half].contiguous())
+                    + skinny_gemm.linear(x[:, half:], case.o[:, half:].contiguous(),
+                                         case.residual[:len(x)]))
+
+        assert not _alone_equals_in_company(split, case.x, counts), shape
+        if dtype == torch.float32:
+            for name, product in ops(by_rows).items():
+                assert not _alone_equals_in_company(product, case.x, counts), (shape, name)
 
 
 CHECKS = {"ops": check_ops, "invariance": check_row_invariance}
