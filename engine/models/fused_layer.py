@@ -38,15 +38,18 @@ def device_allows(device: torch.device, dtype: torch.dtype) -> bool:
 def layer_allows(layer) -> bool:
     """Whether a DecoderLayer is one the fused kernels compute: a plain Llama layer whose four
     projections are dense weights without biases, and whose heads the RoPE epilogue can split
-    (a power-of-two head size of at least 32, so half a head holds a 16-column tile)."""
-    from engine.models.layers import MLP
+    (a power-of-two head size of at least 32, so half a head holds a 16-column tile). The
+    classes must be exactly MLP and Linear: a subclass adds work of its own to forward (a
+    tensor-parallel shard's all-reduce, engine/distributed/parallel_layers.py) that the fused
+    kernels would skip."""
+    from engine.models.layers import MLP, Linear
 
     attn, mlp = layer.self_attn, layer.mlp
-    if not isinstance(mlp, MLP) or mlp.gelu or attn.qk_norm or layer.sandwich \
+    if type(mlp) is not MLP or mlp.gelu or attn.qk_norm or layer.sandwich \
             or layer.local_rope:
         return False
     projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-    dense = all(p.gguf is None and p.packed_weight is None and p.bias is None
+    dense = all(type(p) is Linear and p.gguf is None and p.packed_weight is None and p.bias is None
                 and p.weight.dim() == 2 and p.weight.is_contiguous() for p in projections)
     head_dim = attn.head_dim
     return dense and head_dim >= 32 and head_dim & (head_dim - 1) == 0

@@ -44,6 +44,7 @@ def test_the_kernels_compile_for_a_hopper_gpu(tmp_path):
 def test_the_fused_path_takes_plain_llama_layers_only():
     from engine.models import fused_layer
     from engine.models.decoder_layer import DecoderLayer
+    from engine.models.layers import Linear
     from tests.engine.fused_layer_cases import tiny_arch
 
     assert fused_layer.layer_allows(DecoderLayer(tiny_arch()))
@@ -51,6 +52,13 @@ def test_the_fused_path_takes_plain_llama_layers_only():
                   dict(hidden_act="gelu_pytorch_tanh"), dict(sandwich_norms=True),
                   dict(num_heads=4, num_kv_heads=2, head_dim=16)):
         assert not fused_layer.layer_allows(DecoderLayer(tiny_arch(**other))), other
+
+    class ReducedLinear(Linear):  # as a tensor-parallel shard: its forward does more
+        pass
+
+    layer = DecoderLayer(tiny_arch())
+    layer.self_attn.o_proj = ReducedLinear(64, 64)
+    assert not fused_layer.layer_allows(layer)
 
 
 def test_fused_kernels_are_on_for_cuda_in_bfloat16_and_off_elsewhere_or_when_asked():
