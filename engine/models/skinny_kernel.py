@@ -8,15 +8,25 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from engine.core.triton_jit import jit_options
 
 
 @triton.jit
 def _wait_for_previous_kernel(PDL: tl.constexpr):
+    # Programmatic dependent launch: this grid may be resident before the previous kernel ends;
+    # nothing is read or written before the previous one has completed and flushed.
     if PDL:
         gdc_wait()
+
+
+@triton.jit
+def _let_next_kernel_launch(PDL: tl.constexpr):
+    # Safe anywhere: the next kernel's gdc_wait still waits for this one to complete. After the
+    # weights have streamed, its programs become resident while this one's epilogue runs.
+    if PDL:
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -118,6 +128,7 @@ def skinny_kernel(
                          mask=w_mask, other=0.0)
             partner = tl.dot(x, w2, partner, input_precision=PRECISION)
 
+    _let_next_kernel_launch(PDL)
     mask = row_real[:, None] & column_real[None, :]
     out_type = out_ptr.dtype.element_ty
     if EPILOGUE == 0:  # plain, the residual added
