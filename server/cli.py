@@ -73,7 +73,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="overlap: launch the next decode step before reading this one's tokens "
                         "(plain decode steps, and with ngram or suffix the steps after ones "
-                        "without drafts; default: on for CUDA without speculation, off on CPU)")
+                        "without drafts; default: on for CUDA unless a draft model or head "
+                        "must see every step, off on CPU)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: decode and verify steps launch their kernels one by one")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],

@@ -62,13 +62,14 @@ class InFlight:
 
 
 def uses_async_scheduling(setting: bool | None, device: torch.device,
-                          speculative: bool = False) -> bool:
-    """`--async-scheduling` as set; by default on CUDA without speculation (on a CPU the host
-    computes the forward itself, so there is nothing to overlap). A speculative engine's quiet
-    steps (quiet_steps.py) are asked for by name: on an H100 they gained on chat and lost on
-    copy (docs/gpu.md, 2026-11-28)."""
+                          speculative: bool = False, sits_out: bool = False) -> bool:
+    """`--async-scheduling` as set; by default on CUDA (on a CPU the host computes the forward
+    itself, so there is nothing to overlap) without speculation, or with a proposer that sits
+    out steps (quiet_steps.py): where its drafts do not pay, its steps are then `none`'s, and
+    the controller prices no draft at a quiet step's measured cost (step_periods.py). A
+    proposer that must see every step (a draft model, a head) stays synchronous."""
     if setting is None:
-        return device.type == "cuda" and not speculative
+        return device.type == "cuda" and (not speculative or sits_out)
     return setting
 
 
@@ -85,7 +86,9 @@ class OverlappedSteps:
         not silently off."""
         speculation = engine.speculation
         if not uses_async_scheduling(engine.config.scheduler.async_scheduling, engine.device,
-                                     speculative=speculation is not None):
+                                     speculative=speculation is not None,
+                                     sits_out=speculation is not None
+                                     and speculation.quiet is not None):
             return None
         if speculation is not None and speculation.quiet is None:
             raise ValueError(
@@ -100,13 +103,20 @@ class OverlappedSteps:
         its outputs. None where the next step cannot overlap and nothing is in flight: the
         caller runs a synchronous step."""
         previous, self.in_flight = self.in_flight, None
-        if not self._applies():
-            return None if previous is None else self._land(previous)
         engine = self.engine
+        periods = None if engine.speculation is None else engine.speculation.periods
+        if periods is not None:  # what quiet steps cost, for the controller (step_periods.py)
+            periods.start(time.perf_counter())
+        if not self._applies():
+            if previous is not None and periods is not None:
+                periods.mark_landing()
+            return None if previous is None else self._land(previous)
         if engine.speculation is not None:
             engine.speculation.quiet.take()
         engine._recorder.start()
         plan = engine.scheduler.schedule(None)
+        if periods is not None:
+            periods.mark_quiet(len(plan.scheduled))
         runner = runner_for(plan.scheduled, engine.runner, engine.static_runner)
         model_input = runner.prepare(plan.scheduled, self._in_flight_rows(plan, previous))
         if previous is not None:  # on the device: nothing waits for the tokens in flight

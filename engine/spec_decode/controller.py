@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from engine.core.request import Request
 from engine.metrics.spec_stats import PRIOR_ACCEPTANCE
 from engine.spec_decode.step_cost import DraftCost, LinearCostModel, ModelDraftCost, attended_keys
+from engine.spec_decode.step_periods import NoDraftPrice, host_seconds, no_draft_seconds
 
 MIN_DRAFT_GAIN = 0.02  # expected tokens below which a draft position is not even reserved
 # Steps without a draft after which one draft goes out anyway. The cost fit learns a verified
@@ -75,6 +76,8 @@ class SpeculationController:
         self._plans_kept_short = 0
         self.max_rest = MAX_DRAFT_REST  # 0: requests never rest
         self.min_plan_gain = MIN_PLAN_GAIN
+        # quiet steps' measured prices where the engine takes them, set before each plan
+        self.no_draft: NoDraftPrice | None = None
 
     def lookahead(self, request: Request) -> int:
         """KV slots the scheduler reserves for this request's drafts: an upper bound on what
@@ -221,7 +224,8 @@ class SpeculationController:
                     + per_key * sum(attended_keys(p + 1, k) for p, k in zip(positions, ks)))
 
         best_ks = [0] * len(estimates)
-        best_rate = (1 + self.min_plan_gain) * len(estimates) / self.step_cost(num_other_units)
+        best_rate = (1 + self.min_plan_gain) * len(estimates) / no_draft_seconds(
+            self.no_draft, self.step_cost(num_other_units))
         groups = [[True] * len(free)] + ([list(free)] if any(free) and not all(free) else [])
         for depth in range(1, max(useful, default=0) + 1):
             for drafting in groups:
@@ -231,7 +235,7 @@ class SpeculationController:
                 gain = sum(a * (1 - a ** k) / (1 - a) if a < 1 else float(k)
                            for a, k in zip(estimates, ks))
                 drafted = [k for k, f in zip(ks, free) if not f]
-                cost = (self.step_cost(units(ks))
+                cost = (self.step_cost(units(ks)) + host_seconds(self.no_draft)
                         + self.draft_cost(sum(drafted), max(drafted, default=0)))
                 rate = (len(estimates) + gain) / cost
                 if rate > best_rate:
@@ -247,7 +251,9 @@ class SpeculationController:
         follows the measured curve, so the 17th row of a 16-request step may not pay for itself
         where 16 drafts together do."""
         gains = float(len(estimates))  # each request emits at least one token
-        best_rate, best_n = (1 + self.min_plan_gain) * gains / self.step_cost(num_other_units), 0
+        no_draft = no_draft_seconds(self.no_draft, self.step_cost(num_other_units))
+        best_rate, best_n = (1 + self.min_plan_gain) * gains / no_draft, 0
+        overhead = host_seconds(self.no_draft)
         ks, order = [0] * len(estimates), []  # drafts so far, and whose each one is
         units, rows, drafted, longest = num_other_units, num_other_rows, 0, 0
         # Max-heap of (next draft's expected gain, request index).
@@ -265,7 +271,7 @@ class SpeculationController:
             units += self.step_cost.draft_units(positions[i], ks[i], rows)
             rows += 1
             gains += gain
-            rate = gains / (self.step_cost(units) + self.draft_cost(drafted, longest))
+            rate = gains / (self.step_cost(units) + overhead + self.draft_cost(drafted, longest))
             if rate > best_rate:
                 best_rate, best_n = rate, len(order)
             if ks[i] < max_ks[i]:

@@ -16,6 +16,7 @@ from engine.spec_decode.controller import SpeculationController
 from engine.spec_decode.proposer import Proposal, Proposer
 from engine.spec_decode.quiet_steps import QuietSteps
 from engine.spec_decode.step_cost import step_keys
+from engine.spec_decode.step_periods import StepPeriods
 
 
 class Speculation:
@@ -23,6 +24,8 @@ class Speculation:
         self.proposer, self.controller = proposer, controller
         # runs of plain decode steps that overlap where drafts do not pay (quiet_steps.py)
         self.quiet = QuietSteps() if proposer.sits_out_steps else None
+        # what a step of no draft costs where it runs quiet (step_periods.py)
+        self.periods = StepPeriods() if self.quiet is not None else None
         self.rested = False  # every decoding request of the step being run rested
 
     def quiet_step_ready(self) -> bool:
@@ -55,6 +58,8 @@ class Speculation:
         decode_rows = [s for s in plan.scheduled if s.num_new_tokens == 1]
         # the fed token's position: a prompt's last chunk (prefill_drafts.py) feeds several
         positions = [s.request.num_computed_tokens + s.num_new_tokens - 1 for s in decoding]
+        self.controller.no_draft = None if self.periods is None \
+            else self.periods.no_draft_price(len(decode_rows))
         ks = self.controller.plan(requests, max_ks, self._decode_units(decode_rows),
                                   padded_tokens, free, len(decode_rows), positions)
         self.controller.after_plan(requests, max_ks, ks)
@@ -114,7 +119,10 @@ class Speculation:
         next token); `num_rows`, the rows the forward computed (padding included)."""
         self.proposer.observe_target_step(scheduled, token_row_starts, hidden, emitted)
         # A rested step teaches the fit nothing the planned steps do not: it is not fitted.
-        if not self.rested and not num_prefill_tokens(scheduled):
+        decode_only = not num_prefill_tokens(scheduled)
+        if self.periods is not None and decode_only:
+            self.periods.mark_sync(len(scheduled), seconds)
+        if not self.rested and decode_only:
             # Only decode/verify steps teach the cost of a verified token: a prefill chunk's
             # tokens cost a fraction of that per token (one large GEMM), and fitted together
             # they made drafts look ~2x cheaper than they are in a batch.

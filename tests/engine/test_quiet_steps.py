@@ -65,10 +65,13 @@ def test_with_no_quiet_runs_a_speculative_engine_never_overlaps(tiny_chat_model_
     assert llm.engine.overlap.num_overlapped == 0
 
 
-def test_overlap_is_on_by_default_on_cuda_only_without_speculation():
+def test_overlap_is_on_by_default_on_cuda_where_every_step_may_run_as_nones():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert uses_async_scheduling(None, cuda) and not uses_async_scheduling(None, cpu)
-    assert not uses_async_scheduling(None, cuda, speculative=True)  # quiet steps: by name
+    # quiet steps by default with a proposer that sits out; one that sees every step: never
+    assert uses_async_scheduling(None, cuda, speculative=True, sits_out=True)
+    assert not uses_async_scheduling(None, cuda, speculative=True)
+    assert not uses_async_scheduling(None, cpu, speculative=True, sits_out=True)
     assert uses_async_scheduling(True, cpu, speculative=True)
     assert not uses_async_scheduling(False, cuda)
 
