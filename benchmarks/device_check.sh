@@ -7,7 +7,7 @@
 #
 #   benchmarks/device_check.sh setup   # carry .whl and .gpu/a: install the wheels, check imports
 #   benchmarks/device_check.sh piece   # carry .gpu/b: keep it
-#   benchmarks/device_check.sh model quiet_check     # carry .gpu/c: issue 45's quiet steps
+#   benchmarks/device_check.sh model quiet_check     # carry .gpu/c: quiet steps (issues 45, 71) against sync
 #   benchmarks/device_check.sh model run             # carry .gpu/c: suite in shards, benchmarks
 #   benchmarks/device_check.sh model gpu_tests profile   # carry .gpu/c: issue 45's checks
 #   benchmarks/device_check.sh model invariance_check    # carry .gpu/c: bfloat16 row invariance
@@ -179,8 +179,8 @@ quiet_check() {
     echo "== profile_step without overlap rc $?"
     timeout 150 python3 -m benchmarks.spec_matrix --dtype auto --workload code,chat,copy \
         --num-prompts 2 --max-tokens 128 --temperatures 0 \
-        --batch1-methods none,ngram,ngram:overlap,suffix,suffix:overlap \
-        --matrix-methods none,ngram,ngram:overlap --concurrency 16,64 \
+        --batch1-methods none,ngram,ngram:sync,suffix,suffix:sync,eagle \
+        --matrix-methods none,ngram,ngram:sync,suffix --concurrency 16,64 \
         --output "$OUT/spec_matrix_${gpu}.json" >>"$log" 2>&1
     echo "== spec_matrix rc $?"
     grep -E "Error|Traceback" "$log" | head -10

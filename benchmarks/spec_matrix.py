@@ -54,10 +54,13 @@ def method_options(method: str, draft_folder: Path | None) -> dict:
     """Engine options of a benchmark method; eagle-head is eagle without its n-gram lookup.
     `eagle@DIR` and `eagle-head@DIR` use the head in DIR instead of the shipped one.
     `METHOD:overlap` is the method with `--async-scheduling` (quiet steps:
-    engine/spec_decode/quiet_steps.py)."""
+    engine/spec_decode/quiet_steps.py; their default on CUDA), `METHOD:sync` without."""
     method, overlap, _ = method.partition(":overlap")
     if overlap:
         return {**method_options(method, draft_folder), "async_scheduling": True}
+    method, sync, _ = method.partition(":sync")
+    if sync:
+        return {**method_options(method, draft_folder), "async_scheduling": False}
     method, _, head = method.partition("@")
     if head:
         return {**method_options(method, draft_folder), "draft_head": head}
@@ -225,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
     kinds = args.workload.split(",")
     batch1_methods = args.batch1_methods.split(",")
     matrix_methods = args.matrix_methods.split(",") if args.matrix_methods else []
-    unknown = {m.partition(":overlap")[0].partition("@")[0]
+    unknown = {m.partition(":overlap")[0].partition(":sync")[0].partition("@")[0]
                for m in batch1_methods + matrix_methods} - set(METHODS)
     if unknown:
         raise SystemExit(f"unknown method(s) {sorted(unknown)}; known: {', '.join(METHODS)}")
