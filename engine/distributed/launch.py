@@ -22,6 +22,7 @@ import torch
 
 from engine.distributed import group as groups
 from engine.distributed.mirror import LeaderMirror
+from engine.distributed.shard import check_shardable
 from engine.distributed.shard_model import shard_model
 
 logger = logging.getLogger(__name__)
@@ -177,7 +178,27 @@ def _stop(processes, connections, closing: threading.Event) -> None:
 
 
 def start_tensor_parallel(config, device: torch.device) -> Followers | None:
-    """The followers of a --tensor-parallel-size N > 1 engine, or None for one rank."""
+    """The followers of a --tensor-parallel-size N > 1 engine, or None for one rank. Raises
+    ValueError, before any process starts, where the model's heads or sizes do not divide."""
     if config.model.tensor_parallel_size == 1:
         return None
+    check_shardable(_architecture(config.model.model), config.model.tensor_parallel_size)
     return Followers(config, device)
+
+
+def _architecture(model: str | None):
+    """The model's architecture from its config alone (no weights read)."""
+    from engine.core.cache_dir import cache_dir
+    from engine.models import gguf_native
+    from engine.models.architecture import LlamaArchitecture
+    from engine.models.loader import locate_model
+
+    path, _ = locate_model(model)
+    if path.is_file():
+        gguf_native.check_gguf(path)
+        hf_config = gguf_native.read_config(gguf_native.metadata_folder(path, cache_dir()))
+    else:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(path)
+    return LlamaArchitecture.from_hf_config(hf_config)

@@ -131,6 +131,18 @@ def test_quantized_experts_stay_in_their_blocks(tmp_path, default_model_folder, 
     assert expert.gate_up_proj.gguf is not None and expert.down_proj.gguf is not None
     assert expert.gate_up_proj.gguf.format_names == ["Q8_0"]
     assert [o.token_ids for o in llm.generate(_token_ids(tmp_path), GREEDY)] == expected
+    # At 2 ranks (issue 73, engine/distributed/): QKV, gate/up and the vocabulary cut by block
+    # rows, O by 2 blocks of 32 columns, the experts' down projections (16 of 32 columns a rank, half
+    # a block) dequantized: still transformers' tokens.
+    sharded = make_llm(str(tmp_path / "q8.gguf"), speculative_method="none",
+                       quantization="gguf-exact", tensor_parallel_size=2)
+    try:
+        layer = sharded.engine.runner.model.layers[0]
+        assert layer.self_attn.o_proj.gguf.format_names == ["Q8_0"]
+        assert layer.self_attn.o_proj.in_features == 64  # 2 of 4 heads of 32
+        assert [o.token_ids for o in sharded.generate(_token_ids(tmp_path), GREEDY)] == expected
+    finally:
+        sharded.engine.parallel.close()
 
 
 def test_gguf_files_of_other_architectures_are_refused_in_one_line(tmp_path, default_gguf):

@@ -1,0 +1,79 @@
+"""Tensor parallelism through the whole engine (issue 73): at 2 ranks (a real follower process,
+gloo on localhost) a tiny model's greedy tokens are transformers', as at 1 rank; every
+speculative method stays lossless against `none` at 2 ranks; a model the ranks cannot split is
+refused in words. (A GGUF file in Q8_0 blocks at 2 ranks: test_gguf_families.py.)"""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+
+from engine import SamplingParams
+from tests.conftest import make_llm, make_random_head, tiny_target_and_draft
+
+PROMPTS = ["The capital of France is", "def add(a, b):\n    return",
+           "one two three one two three one two"]
+GREEDY = SamplingParams(max_tokens=16, temperature=0)
+LLAMA = dict(vocab_size=49152, tie_word_embeddings=True, eos_token_id=2, bos_token_id=1)
+
+
+def _generate(llm, prompts, params=GREEDY) -> tuple[list[list[int]], int]:
+    """(greedy tokens, draft tokens proposed); the followers stopped after."""
+    try:
+        outputs = llm.generate(prompts, params)
+    finally:
+        if llm.engine.parallel is not None:
+            llm.engine.parallel.close()
+    return [o.token_ids for o in outputs], sum(o.spec_stats.num_draft_tokens for o in outputs)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, default_model_folder):
+    """(target, draft, transformers' greedy tokens, the prompts with a repeat, `none` at 2 ranks
+    on them): a tiny Llama target and a two-layer draft, with the default model's tokenizer."""
+    family = ("llama", LLAMA)
+    target, draft, expected = tiny_target_and_draft(
+        tmp_path_factory, default_model_folder, family, family, PROMPTS, GREEDY.max_tokens)
+    plain = make_llm(str(target), speculative_method="none", tensor_parallel_size=2)
+    # the first prompt, its output, the prompt again: an n-gram has a continuation at once
+    prompt = plain.tokenizer(PROMPTS[0])["input_ids"]
+    prompts = [*PROMPTS, prompt + expected[0] + prompt]
+    none, _ = _generate(plain, prompts)
+    return target, draft, expected, prompts, none
+
+
+def test_two_ranks_give_transformers_tokens(tiny):
+    _, _, expected, _, none = tiny
+    assert none[:len(expected)] == expected
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft", "eagle", "layer-skip"])
+def test_every_method_is_lossless_at_two_ranks(tiny, method):
+    target, draft, _, prompts, none = tiny
+    extra = {"draft": {"draft_model": str(draft)}, "layer-skip": {"draft_layer_ids": (0, 1)},
+             "eagle": {"draft_head": make_random_head(target, tempfile.mkdtemp(prefix="head-"),
+                                                      8192)}}.get(method, {})
+    llm = make_llm(str(target), speculative_method=method, adaptive=False,
+                   num_speculative_tokens=4, tensor_parallel_size=2, **extra)
+    got, num_drafts = _generate(llm, prompts)
+    assert got == none
+    assert num_drafts > 0
+
+
+def test_a_model_the_ranks_cannot_split_is_refused(tiny):
+    target = tiny[0]  # 4 attention heads
+    with pytest.raises(ValueError, match="--tensor-parallel-size 3 must divide the model's 4 "
+                                         "attention heads"):
+        make_llm(str(target), speculative_method="none", tensor_parallel_size=3)
+
+
+def test_tensor_parallel_settings_are_checked():
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match="--tensor-parallel-size must be >= 1"):
+        EngineConfig.from_kwargs(tensor_parallel_size=0)
+    with pytest.raises(ValueError, match="drop --padded-steps"):
+        EngineConfig.from_kwargs(tensor_parallel_size=2, padded_steps=True)
+    with pytest.raises(ValueError, match="drop --async-scheduling"):
+        EngineConfig.from_kwargs(tensor_parallel_size=2, async_scheduling=True)
