@@ -5,10 +5,12 @@ DecoderLayer: the checks, run in-process on CUDA and under Triton's interpreter 
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from engine.attention.metadata import build_attention_metadata
-from engine.models import skinny_gemm
+from engine.models import fused_layer, skinny_gemm
 from engine.models.architecture import LlamaArchitecture
 from engine.models.decoder_layer import DecoderLayer
 from engine.models.layers import RotaryEmbedding
@@ -94,7 +96,57 @@ def check_layer(device: torch.device, dtype: torch.dtype, tolerance: float) -> N
         skinny_gemm.linear = linear
 
 
-CHECKS = {"layer": check_layer}
+def check_engine(device: torch.device, model_folder: str) -> None:
+    """The engine on the fused path, with n-gram speculation (decode steps and verify steps of
+    several rows), gives the greedy tokens of `none`: on the CPU (the interpreter, float32,
+    flat steps) `none` on the torch path; on CUDA (bfloat16, --batch-invariant, padded steps in
+    graphs) `none` on the fused path, exactly, as the fused kernels are row-invariant. Either
+    way the fused path ran on every layer, and only where asked."""
+    from engine import LLM, SamplingParams
+    from engine.core.memory import CPU_KV_CACHE_GIB
+
+    prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):",
+               "The cat sat on the mat. The cat sat on the", "Hello"]
+    params = [SamplingParams(max_tokens=12 + 4 * i, temperature=0, ignore_eos=True)
+              for i in range(len(prompts))]
+    on_gpu = device.type == "cuda"
+    options = dict(device=str(device), kv_cache_memory_gib=CPU_KV_CACHE_GIB,
+                   num_speculative_tokens=3, adaptive=False)
+    # the interpreter is slow: on the CPU flat steps (no warm-up of every padded shape)
+    options.update(dict(dtype="bfloat16", batch_invariant=True) if on_gpu
+                   else dict(dtype="float32", padded_steps=False))
+    cells = [(True, "ngram"), (True, "none")] if on_gpu else [(True, "ngram"), (False, "none")]
+    if not on_gpu:  # plain weights, not oneDNN's packed copies, which the kernels cannot read
+        from engine.models.layers import Linear
+
+        Linear.pack_for_cpu = lambda self, keep_plain_weight=False: None
+        # triton_ops' kernels off: interpreted, they made the start's cost probe take a minute
+        os.environ["SPECSERVE_DISABLE_TRITON_OPS"] = "1"
+    calls = []
+    qkv_rope = skinny_gemm.norm_qkv_rope
+    skinny_gemm.norm_qkv_rope = lambda *a, **k: calls.append(1) or qkv_rope(*a, **k)
+    runs = {}
+    try:
+        for fused, method in cells:
+            llm = LLM(model_folder, speculative_method=method,
+                      fused_kernels="auto" if fused else "off", **options)
+            layers = llm.engine.runner.model.layers
+            if not on_gpu:  # the engine turns them on for CUDA only: here by hand
+                for layer in layers:
+                    layer.fused = fused and fused_layer.layer_allows(layer)
+            assert all(layer.fused == fused for layer in layers), (fused, method)
+            calls.clear()
+            outputs = llm.generate(prompts, params)
+            runs[fused, method] = [o.token_ids for o in outputs]
+            assert bool(calls) == fused, (fused, method)
+            if method == "ngram":  # verify steps of several rows ran
+                assert sum(o.spec_stats.num_draft_tokens for o in outputs) > 0
+    finally:
+        skinny_gemm.norm_qkv_rope = qkv_rope
+    assert len(set(map(str, runs.values()))) == 1, runs
+
+
+CHECKS = {"layer": check_layer, "engine": check_engine}
 
 if __name__ == "__main__":
     from tests.engine.interpreted import main
