@@ -43,6 +43,7 @@ def _load(config, rank: int, world: int, store_port: int):
     group = groups.join(rank, world, "127.0.0.1", store_port, device,
                         groups.collective_timeout_s())
     device = groups.rank_device(device, rank, groups.backend_for(device, world))
+    groups.share_cpu_threads(device, world)
     loaded = load_model(config.model.model, device, dtype, with_tokenizer=False,
                         quantization=config.model.quantization,
                         max_model_len=config.model.max_model_len,

@@ -62,9 +62,10 @@ class Followers:
             raise
         finally:
             server.close()
+        threads_before = groups.share_cpu_threads(device, world)
         self.mirror: LeaderMirror | None = None
         self._finalizer = weakref.finalize(self, _stop, self.processes, self._connections,
-                                           self._closing)
+                                           self._closing, threads_before)
         for rank, process in enumerate(self.processes, start=1):
             threading.Thread(target=_watch, args=(weakref.ref(self), rank, process),
                              name=f"specserve-tp-watch-{rank}", daemon=True).start()
@@ -156,8 +157,10 @@ def _watch(followers_ref, rank: int, process: subprocess.Popen) -> None:
         followers._died(rank, status)
 
 
-def _stop(processes, connections, closing: threading.Event) -> None:
-    """Asks every follower to stop, then ends those still running after STOP_WAIT_S."""
+def _stop(processes, connections, closing: threading.Event,
+          threads_before: int | None = None) -> None:
+    """Asks every follower to stop, then ends those still running after STOP_WAIT_S; gives
+    this process its CPU threads back."""
     from engine.distributed.mirror import encode
 
     closing.set()
@@ -175,6 +178,8 @@ def _stop(processes, connections, closing: threading.Event) -> None:
             process.kill()
             process.wait()
     groups.leave()
+    if threads_before is not None:
+        torch.set_num_threads(threads_before)
 
 
 def start_tensor_parallel(config, device: torch.device) -> Followers | None:

@@ -1,0 +1,82 @@
+"""A server with --tensor-parallel-size 2 whose rank 1 is killed (issue 73): the stream in flight
+ends with an `engine_dead` error within 10 s and the server exits non-zero; a rank killed while
+the server idles ends it too. Nothing waits on a collective whose peer is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import make_tiny_model
+from tests.servers import running_server, wait_until
+
+PID_LINE = re.compile(r"followers' pids \[(\d+)\]")
+
+
+@pytest.fixture(scope="module")
+def long_context_model(tmp_path_factory, default_model_folder):
+    """A tiny Llama with room for a stream of a few thousand tokens (seconds of them)."""
+    folder = tmp_path_factory.mktemp("tp-tiny")
+    make_tiny_model(folder, vocab_size=49152, max_position_embeddings=8192,
+                    tokenizer_from=default_model_folder, eos_token_id=2, bos_token_id=1)
+    return folder
+
+
+def _serve(model, log):
+    return running_server(["--model", str(model), "--tensor-parallel-size", "2",
+                           "--speculative-method", "none", "--log-level", "info"], model.name,
+                          log_file=log)
+
+
+def _rank1_pid(log_path) -> int:
+    return int(PID_LINE.search(log_path.read_text()).group(1))
+
+
+def test_killed_rank_fails_the_stream_and_ends_the_server(tmp_path, long_context_model):
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log, _serve(long_context_model, log) as server:
+        rank1 = _rank1_pid(log_path)
+        events, ended = [], threading.Event()
+
+        def read_stream():
+            body = {"model": server.model, "prompt": "one two three", "max_tokens": 8000,
+                    "temperature": 0, "stream": True, "ignore_eos": True}
+            try:
+                with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body,
+                                  timeout=60) as response:
+                    events.extend(response.iter_lines())
+            finally:
+                ended.set()
+
+        reader = threading.Thread(target=read_stream)
+        reader.start()
+        wait_until(lambda: sum(line.startswith("data: ") for line in events) >= 20, 60,
+                   "the stream's first tokens")
+        os.kill(rank1, signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert ended.wait(10), "the stream did not end after rank 1 died"
+        reader.join()
+        data = [line for line in events if line.startswith("data: ")]
+        error = json.loads(data[-1].removeprefix("data: "))
+        assert error["error"]["code"] == "engine_dead", data[-1]
+        assert "data: [DONE]" not in data
+        assert server.process.wait(timeout=10) != 0
+        assert time.monotonic() - killed_at < 10
+    assert "tensor-parallel rank 1" in log_path.read_text()
+
+
+def test_a_rank_killed_while_idle_ends_the_server(tmp_path, long_context_model):
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log, _serve(long_context_model, log) as server:
+        os.kill(_rank1_pid(log_path), signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert server.process.wait(timeout=10) != 0
+        assert time.monotonic() - killed_at < 10
+    assert "tensor-parallel rank 1 exited with status -9" in log_path.read_text()
