@@ -1,12 +1,12 @@
 """Issue 71's fused kernels side by side, from the JSON files device_check.sh `fused71` writes:
 the batch-1 step (kernels, ms, tok/s, device-busy ms, graph replay ms) with the fused kernels on,
-off and on with programmatic dependent launch, and the 8B shape's step against the bandwidth limit
+off, on with programmatic dependent launch and on with --batch-invariant, and the 8B shape's step against the bandwidth limit
 with them on and off.
 
     python -m benchmarks.fused_summary OUT_DIR GPU_NAME [--output PATH]
 
 Files it reads (each optional: a missing one is reported as missing): profile_step_fused_{on,off,
-pdl}_GPU.json, real_size_fused_{on,off}_GPU.json, fused_tiles_GPU.json. Prints JSON.
+pdl,invariant}_GPU.json, real_size_fused_{on,off}_GPU.json, fused_tiles_GPU.json. Prints JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
+STEP_MODES = ("on", "off", "pdl", "invariant")  # invariant: on, with --batch-invariant
 STEP_FIELDS = ("kernels_per_step", "ms_per_step", "tokens_per_s", "device_busy_ms_per_step",
                "graph_replay_ms")
 
@@ -50,11 +51,11 @@ def ratio(a, b):
 
 def summary(out_dir: Path, gpu: str) -> dict:
     steps = {mode: step_row(_read(out_dir / f"profile_step_fused_{mode}_{gpu}.json"))
-             for mode in ("on", "off", "pdl")}
+             for mode in STEP_MODES}
     sizes = {mode: real_size_row(_read(out_dir / f"real_size_fused_{mode}_{gpu}.json"))
              for mode in ("on", "off")}
     first = next((r for r in (_read(out_dir / f"profile_step_fused_{m}_{gpu}.json")
-                              for m in ("on", "off", "pdl")) if r), {})
+                              for m in STEP_MODES) if r), {})
     facts = {k: v for k, v in first.items() if k not in ("results", "config", "benchmark")}
     facts["versions"] = {**facts.get("versions", {}), "triton": _triton_version()}
     one_row = {mode: (row.get("decode_rows") or {}).get("1", {}) for mode, row in sizes.items()}
@@ -64,11 +65,16 @@ def summary(out_dir: Path, gpu: str) -> dict:
         "batch1_step": steps,
         "fused_over_off": {field: ratio(steps["on"].get(field), steps["off"].get(field))
                            for field in ("kernels_per_step", "ms_per_step", "tokens_per_s")},
+        "pdl_over_on_ms": ratio(steps["pdl"].get("ms_per_step"), steps["on"].get("ms_per_step")),
+        "invariant_over_on_ms": ratio(steps["invariant"].get("ms_per_step"),
+                                      steps["on"].get("ms_per_step")),
         "targets": {"kernels_per_step_le_120": _le(steps["on"].get("kernels_per_step"), 120),
                     "ms_per_step_le_0.5": _le(steps["on"].get("ms_per_step"), 0.5),
                     "tokens_per_s_ge_2000": _le(2000, steps["on"].get("tokens_per_s")),
                     "8b_one_row_le_1.15x_limit": _le(one_row["on"].get("over_bandwidth_limit"),
-                                                     1.15)},
+                                                     1.15),
+                    "batch_invariant_le_1.1x": _le(ratio(steps["invariant"].get("ms_per_step"),
+                                                         steps["on"].get("ms_per_step")), 1.1)},
         "real_size_8b": sizes,
         "tuned_entries": None if tiles is None else tiles.get("tuned_entries"),
     }

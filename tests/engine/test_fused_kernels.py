@@ -30,14 +30,19 @@ def test_a_fused_layer_matches_the_torch_layer():
 
 
 @pytest.fixture(scope="module")
-def model_with_32_dim_heads(tmp_path_factory, default_model_folder):
-    """The tiny chat model with two heads of 32 (its own heads of 16 are too narrow for the
-    fused path's RoPE tiles)."""
+def model_with_32_dim_heads(tmp_path_factory):
+    """A tiny random Llama with two heads of 32 (the tiny chat model's heads of 16 are too
+    narrow for the fused path's RoPE tiles) and a tokenizer trained in memory: nothing of the
+    default model's, so a GPU machine without it runs this file whole."""
     from tests.conftest import make_tiny_model
+    from tests.engine.tiny_tokenizers import train_tokenizer
 
     folder = tmp_path_factory.mktemp("tiny-32")
-    make_tiny_model(folder, vocab_size=49152, tokenizer_from=default_model_folder,
-                    eos_token_id=2, bos_token_id=1, num_attention_heads=2, num_key_value_heads=1)
+    tokenizer = train_tokenizer(normalized=False)
+    make_tiny_model(folder, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                    bos_token_id=tokenizer.eos_token_id, num_attention_heads=2,
+                    num_key_value_heads=1)
+    tokenizer.save_pretrained(folder)
     return folder
 
 
