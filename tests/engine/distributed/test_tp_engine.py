@@ -77,3 +77,24 @@ def test_tensor_parallel_settings_are_checked():
         EngineConfig.from_kwargs(tensor_parallel_size=2, padded_steps=True)
     with pytest.raises(ValueError, match="drop --async-scheduling"):
         EngineConfig.from_kwargs(tensor_parallel_size=2, async_scheduling=True)
+
+
+def test_a_rank_that_stops_answering_times_out(tiny, monkeypatch):
+    """A follower frozen (SIGSTOP: alive, its sockets open, so nothing tells rank 0 it is gone)
+    leaves rank 0's next collective to its timeout: the step raises instead of hanging."""
+    import os
+    import signal
+    import time
+
+    monkeypatch.setenv("SPECSERVE_TP_TIMEOUT_S", "2")
+    llm = make_llm(str(tiny[0]), speculative_method="none", tensor_parallel_size=2)
+    [follower] = llm.engine.parallel.processes
+    os.kill(follower.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="Timed out waiting 2000ms"):
+            llm.generate(PROMPTS[0], GREEDY)
+        assert time.monotonic() - started < 10
+    finally:
+        follower.kill()
+        llm.engine.parallel.close()
