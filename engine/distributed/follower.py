@@ -35,13 +35,14 @@ def _load(config, rank: int, world: int, store_port: int):
     from engine.attention import triton_backend
     from engine.core.device import pick_device, pick_dtype
     from engine.distributed import group as groups
+    from engine.distributed.launch import START_TIMEOUT_S
     from engine.distributed.shard_model import shard_model
     from engine.models.loader import load_model
 
     device = pick_device(config.model.device)
     dtype = pick_dtype(config.model.dtype, device)
     group = groups.join(rank, world, "127.0.0.1", store_port, device,
-                        groups.collective_timeout_s())
+                        groups.collective_timeout_s(), START_TIMEOUT_S)
     device = groups.rank_device(device, rank, groups.backend_for(device, world))
     groups.share_cpu_threads(device, world)
     loaded = load_model(config.model.model, device, dtype, with_tokenizer=False,

@@ -85,11 +85,11 @@ class ParallelGroup:
 
 
 def join(rank: int, world: int, host: str, port: int, device: torch.device,
-         timeout_s: float) -> ParallelGroup:
+         timeout_s: float, store_timeout_s: float) -> ParallelGroup:
     """Joins the process group that rank 0's TCP store at host:port rendezvouses (rank 0
-    creates the store: `leader_store`)."""
+    creates the store: `leader_store`); `timeout_s` bounds every collective."""
     store = dist.TCPStore(host, port, world, is_master=False,
-                          timeout=timedelta(seconds=timeout_s))
+                          timeout=timedelta(seconds=store_timeout_s))
     return _init(store, rank, world, device, timeout_s)
 
 

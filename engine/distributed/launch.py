@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 AUTHKEY_ENV = "SPECSERVE_TP_AUTHKEY"
 STOP_WAIT_S = 5.0
+# Followers import torch and the engine before they connect (3 s on a 2-core CPU); a follower
+# that exits meanwhile is noticed at once, one that is merely slow gets this long.
+START_TIMEOUT_S = 300.0
 
 
 class RankDeadError(RuntimeError):
@@ -46,14 +49,14 @@ class Followers:
         timeout_s = groups.collective_timeout_s()
         authkey = secrets.token_bytes(32)
         server = socket.create_server(("127.0.0.1", 0))
-        store = groups.leader_store(world, timeout_s)
+        store = groups.leader_store(world, START_TIMEOUT_S)
         env = {**os.environ, AUTHKEY_ENV: authkey.hex()}
         self.processes = [subprocess.Popen(
             [sys.executable, "-m", "engine.distributed.follower", str(rank), str(world),
              str(server.getsockname()[1]), str(store.port)], env=env)
             for rank in range(1, world)]
         try:
-            self._connections = _accept(server, self.processes, authkey, timeout_s)
+            self._connections = _accept(server, self.processes, authkey, START_TIMEOUT_S)
             for connection in self._connections:
                 connection.send_bytes(pickle.dumps(config))
             self.group = groups.lead(store, world, device, timeout_s)
