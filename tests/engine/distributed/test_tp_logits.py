@@ -79,3 +79,17 @@ def test_a_wrongly_laid_out_shard_fails(tmp_path, monkeypatch, piece):
     got = _sharded_logits(tmp_path)
     assert got.shape == expected.shape
     assert (got - expected).abs().max() > 1e-2
+
+
+def _arch(**fields):
+    """A LlamaArchitecture of a tiny Llama with `fields` changed (test_tp_shard.py)."""
+    from dataclasses import replace
+
+    from engine.models.architecture import LlamaArchitecture
+
+    base = LlamaArchitecture(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=64,
+        tie_word_embeddings=False, qkv_bias=False, o_bias=False, mlp_bias=False,
+        rope_theta=10000.0, rope_scaling=None)
+    return replace(base, **fields)
