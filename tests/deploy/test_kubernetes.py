@@ -79,7 +79,8 @@ def test_every_file_is_known_and_kustomize_applies_the_core():
     assert kustomization["resources"] == ["deployment.yaml", "service.yaml", "pdb.yaml"]
 
 
-@pytest.mark.parametrize("file", ["deployment.yaml", "deployment-gpu.yaml"])
+@pytest.mark.parametrize("file", ["deployment.yaml", "deployment-gpu.yaml",
+                                  "deployment-multi-gpu.yaml"])
 def test_probes_drain_and_flags(file):
     deployment = one("Deployment", file)
     pod = deployment["spec"]["template"]["spec"]
@@ -217,6 +218,28 @@ def test_in_cluster_prometheus_config_is_valid(promtool, tmp_path):
     config.write_text(yaml.safe_dump(in_cluster_prometheus_config([{"targets": ["pod:8000"]}])))
     result = run_promtool(promtool, "check", "config", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_multi_gpu_variant_asks_for_as_many_gpus_as_ranks():
+    """One pod, N GPUs, --tensor-parallel-size N (issue 73), NCCL's shared memory mounted;
+    otherwise the GPU variant."""
+    single, multi = one("Deployment", "deployment-gpu.yaml"), \
+        one("Deployment", "deployment-multi-gpu.yaml")
+    main = container(multi)
+    gpus = main["resources"]["limits"]["nvidia.com/gpu"]
+    assert gpus == main["resources"]["requests"]["nvidia.com/gpu"] > 1
+    assert serve_args(multi).tensor_parallel_size == gpus
+    assert serve_args(single).tensor_parallel_size == 1
+    (mount,) = main.pop("volumeMounts")
+    (volume,) = multi["spec"]["template"]["spec"].pop("volumes")
+    assert mount == {"name": volume["name"], "mountPath": "/dev/shm"}
+    assert volume["emptyDir"]["medium"] == "Memory"
+    multi_args = [a for a in main.pop("args") if not a.startswith("--tensor-parallel-size")]
+    assert multi_args == container(single).pop("args")
+    for deployment in (single, multi):
+        container(deployment).pop("resources")
+        deployment["spec"].pop("replicas")
+    assert single == multi
 
 
 def test_readme_walks_through_every_file():
