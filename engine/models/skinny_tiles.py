@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 BLOCK_ROWS = 16  # rows a program multiplies: fixed, the smallest side tl.dot takes on a GPU
 MAX_ROWS = 64  # the widest step the fused path takes (decode batches, verify steps)
-# Enough programs to spread a one-row product over a GPU's ~132 SMs (H100/H200).
-TARGET_PROGRAMS = 128
+# Programs to aim for: about two per SM of an H100/H200 (132), so that one program's weight loads
+# are in flight while another's wait (a guess until benchmarks/fused_tiles.py has run).
+TARGET_PROGRAMS = 256
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def _floor_power_of_two(n: int) -> int:
 
 def default_tiles(kind: str, out_columns: int, in_features: int, half_head: int = 0) -> Tiles:
     """Untuned: columns per program so that about TARGET_PROGRAMS programs run, 16 to 64 of them
-    (wider tiles stream a weight in fewer, longer programs); for "qkv" at most half a head, as a
+    (the default model's products all get 16; the 8B shape's gate/up 32); for "qkv" at most half a head, as a
     program rotates the two halves it owns against each other."""
     block_n = min(64, max(16, _floor_power_of_two(out_columns // TARGET_PROGRAMS)))
     if kind == "qkv":
