@@ -77,6 +77,15 @@ def test_tensor_parallel_settings_are_checked():
         EngineConfig.from_kwargs(tensor_parallel_size=2, padded_steps=True)
     with pytest.raises(ValueError, match="drop --async-scheduling"):
         EngineConfig.from_kwargs(tensor_parallel_size=2, async_scheduling=True)
+    assert EngineConfig().model.tensor_parallel_size == 1  # one rank: no followers, no cuts
+
+
+def test_the_flag_reaches_the_engine_config():
+    from server.cli import build_parser, engine_config_from_args
+
+    for flags, size in ((["-tp", "2"], 2), (["--tensor-parallel-size", "4"], 4), ([], 1)):
+        args = build_parser().parse_args(["serve", *flags])
+        assert engine_config_from_args(args).model.tensor_parallel_size == size
 
 
 def test_a_rank_that_stops_answering_times_out(tiny, monkeypatch):
