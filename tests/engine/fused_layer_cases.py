@@ -14,6 +14,7 @@ from engine.models import fused_layer, skinny_gemm
 from engine.models.architecture import LlamaArchitecture
 from engine.models.decoder_layer import DecoderLayer
 from engine.models.layers import RotaryEmbedding
+from engine.models.skinny_tiles import Tiles
 
 BLOCK_SIZE, NUM_BLOCKS = 16, 16
 # One step of four requests: a decode row, a verify step of 4 rows, a prefill chunk that is its
@@ -146,7 +147,52 @@ def check_engine(device: torch.device, model_folder: str) -> None:
     assert len(set(map(str, runs.values()))) == 1, runs
 
 
-CHECKS = {"layer": check_layer, "engine": check_engine}
+def _first_row(layer, arch, device, dtype, query_lens, context_lens) -> torch.Tensor:
+    """The layer's output at the step's first row (a decode row of 20 tokens of context, its
+    input and history the same in every call), the other requests' rows beside it."""
+    generator = torch.Generator().manual_seed(2)
+    cache_shape = (NUM_BLOCKS, BLOCK_SIZE, arch.num_kv_heads, arch.head_dim)
+    k_cache = torch.randn(cache_shape, generator=generator).to(device, dtype)
+    v_cache = torch.randn(cache_shape, generator=generator).to(device, dtype)
+    x = torch.randn(sum(query_lens), arch.hidden_size, generator=generator)
+    x[0] = torch.randn(arch.hidden_size, generator=torch.Generator().manual_seed(3))
+    tables = [[3 * i, 3 * i + 1, 3 * i + 2] for i in range(len(query_lens))]  # 48 tokens each
+    meta = build_attention_metadata(query_lens, context_lens, tables, BLOCK_SIZE, device)
+    positions = torch.cat([torch.arange(c - q, c) for q, c in zip(query_lens, context_lens)])
+    rope = RotaryEmbedding(arch).to(device).at(positions.to(device), dtype)
+    with torch.inference_mode():
+        return layer(x.to(device, dtype), rope, k_cache, v_cache, meta)[:1]
+
+
+def check_layer_invariance(device: torch.device, dtype: torch.dtype, tolerance: float) -> None:
+    """A decode row's output of the fused layer (with the Triton attention kernel) is bitwise
+    the same alone and in steps with other decode rows and a verify request of 4 or 16 rows.
+    Negative control: the products' inner dimension summed in 32-column chunks once the step
+    has company fails the same comparison (in float32, where the difference is not rounded
+    away)."""
+    arch = tiny_arch()
+    layer = _layer(arch, device, dtype)
+    layer.fused, layer.self_attn.backend = True, "triton"
+    alone = _first_row(layer, arch, device, dtype, [1], [20])
+    steps = [([1, 4, 1], [20, 33, 9]), ([1, 1, 1, 1, 16], [20, 5, 6, 7, 40])]
+    for query_lens, context_lens in steps:
+        together = _first_row(layer, arch, device, dtype, query_lens, context_lens)
+        assert torch.equal(together, alone), query_lens
+    if dtype != torch.float32:
+        return
+    linear = skinny_gemm.linear
+    skinny_gemm.linear = lambda x, weight, residual=None, tiles=None: linear(
+        x, weight, residual, None if len(x) == 1 else Tiles(16, 32))
+    try:
+        differs = [not torch.equal(_first_row(layer, arch, device, dtype, *step), alone)
+                   for step in steps]
+    finally:
+        skinny_gemm.linear = linear
+    assert all(differs), differs
+
+
+CHECKS = {"layer": check_layer, "layer_invariance": check_layer_invariance,
+          "engine": check_engine}
 
 if __name__ == "__main__":
     from tests.engine.interpreted import main

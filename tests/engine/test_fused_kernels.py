@@ -29,6 +29,10 @@ def test_a_fused_layer_matches_the_torch_layer():
     run_check("tests.engine.fused_layer_cases", "layer")
 
 
+def test_a_decode_row_through_a_fused_layer_does_not_depend_on_the_other_rows():
+    run_check("tests.engine.fused_layer_cases", "layer_invariance")
+
+
 @pytest.fixture(scope="module")
 def model_with_32_dim_heads(tmp_path_factory):
     """A tiny random Llama with two heads of 32 (the tiny chat model's heads of 16 are too
