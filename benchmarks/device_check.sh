@@ -17,6 +17,8 @@
 #   benchmarks/device_check.sh wheels tiles   # one call, no model: the invariant product's tiles
 #   benchmarks/device_check.sh fused71   # one call, carry .whl and .gpu/smol: issue 71's fused
 #       kernels' tests on the device, the batch-1 step with them on/off/PDL, the 8B shape on/off
+#   benchmarks/device_check.sh tp73   # one call, carry .whl and .gpu/smol: issue 73's tensor
+#       parallelism, 2-3 ranks sharing the GPU over gloo (docs/multi-gpu.md)
 #   benchmarks/device_check.sh wheels trace   # one call, no model pieces: carry .whl and
 #       .gpu/smol (the default model's config and tokenizer files, copied from its folder in
 #       the cache, ~/.cache/specserve/gguf/SmolLM2-*): what holds the host in an overlapped step
@@ -331,6 +333,40 @@ gpu_tests() {
     # one log back, not four (a call returns at most 8 files: profile writes 6)
     for name in ops spec models engine; do cat "$OUT/$name.log"; done >"$OUT/gpu_tests.log"
     rm -f "$OUT"/{ops,spec,models,engine}.log
+}
+
+# Issue 73's tensor parallelism on one lent GPU (docs/multi-gpu.md). NCCL refuses two ranks on
+# one GPU, so the ranks share it over gloo (CUDA tensors staged through the host: an upper bound
+# on what NCCL between GPUs would cost). Carry .whl and .gpu/smol; one call, about 5 minutes:
+# - random weights in the default model's shape at 1 and 3 ranks (its 9 heads do not split in 2),
+#   float32: the same greedy tokens (`same_tokens_as_one_rank`), then bfloat16 at batch 16;
+# - the 8B shape cut to 4 of its 32 layers (its per-layer costs) at 1 and 2 ranks, bfloat16,
+#   batch 1: the step and the collectives' share.
+# Each rank's KV cache is fixed (--kv-cache-gib): ranks on one GPU would each size theirs from
+# the whole GPU's free memory.
+tp73() {
+    wheels
+    local gpu log=$OUT/tp73.log
+    gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+    python3 -m benchmarks.random_weights .gpu/smol /tmp/smolrand >"$log" 2>&1 \
+        || { tail -5 "$log"; return 1; }
+    timeout 120 python3 -m benchmarks.tp_step /tmp/smolrand --device cuda --dtype float32 \
+        --ranks 1,3 --tokens 64 --kv-cache-gib 2 \
+        --output "$OUT/tp_step_smol_f32_${gpu}.json" >>"$log" 2>&1
+    echo "== tp_step default shape float32 rc $?"
+    timeout 120 python3 -m benchmarks.tp_step /tmp/smolrand --device cuda --dtype bfloat16 \
+        --ranks 1,3 --tokens 64 --batch 16 --kv-cache-gib 2 \
+        --output "$OUT/tp_step_smol_bf16_b16_${gpu}.json" >>"$log" 2>&1
+    echo "== tp_step default shape bfloat16 batch 16 rc $?"
+    timeout 120 python3 -m benchmarks.tp_step --write-shape llama3-8b --layers 4 \
+        --tokenizer-from .gpu/smol /tmp/l8b4 >>"$log" 2>&1
+    timeout 180 python3 -m benchmarks.tp_step /tmp/l8b4 --device cuda --dtype bfloat16 \
+        --ranks 1,2 --tokens 32 --kv-cache-gib 4 \
+        --output "$OUT/tp_step_8b_4layers_${gpu}.json" >>"$log" 2>&1
+    echo "== tp_step 8B shape, 4 layers rc $?"
+    grep -h -E '"(ms_per_step|collective_share|ranks)"|true|false' "$OUT"/tp_step_*.json
+    grep -E "Error|Traceback" "$log" | head -10
+    true
 }
 
 # The CPU kernel's error path with this machine's compiler: a refused call must raise (each in

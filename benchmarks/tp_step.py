@@ -5,8 +5,9 @@ inside collectives, and whether the ranks' greedy tokens equal 1 rank's.
     python -m benchmarks.tp_step MODEL|default [--ranks 1,2] [--tokens 64] [--batch 1]
         [--device cpu|cuda] [--dtype float32|bfloat16] [--quantization auto|gguf-exact]
         [--output PATH.json]
-    python -m benchmarks.tp_step --write-shape llama3-8b --layers 4 FOLDER  # a random-weight
-        folder of the 8B shape cut to 4 of its 32 layers (per-layer costs are the 8B's)
+    python -m benchmarks.tp_step --write-shape llama3-8b --layers 4 [--tokenizer-from DIR] FOLDER
+        # a random-weight folder of the 8B shape cut to 4 of its 32 layers (per-layer costs are
+        # the 8B's)
 
 The collectives' share wraps torch.distributed's all_reduce / all_gather on rank 0 with a timer
 (on CUDA synchronizing before and after each, so it also counts the wait for the other ranks and
@@ -59,12 +60,12 @@ class CollectiveTimer:
 
 
 def measure(model: str, ranks: int, tokens: int, batch: int, device: str, dtype: str,
-            quantization: str) -> dict:
+            quantization: str, kv_cache_gib: float | None) -> dict:
     from engine import LLM, SamplingParams
 
     llm = LLM(None if model == "default" else model, tensor_parallel_size=ranks, speculative_method="none", device=device,
               dtype=dtype, quantization=quantization,
-              kv_cache_memory_gib=1 if device == "cpu" else None)
+              kv_cache_memory_gib=kv_cache_gib)
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     prompts = (PROMPTS * batch)[:batch]
     llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0))  # warm-up
@@ -84,7 +85,12 @@ def measure(model: str, ranks: int, tokens: int, batch: int, device: str, dtype:
             "token_ids": [o.token_ids for o in outputs]}
 
 
-def write_shape(name: str, layers: int, folder: str) -> None:
+def write_shape(name: str, layers: int, folder: str, tokenizer_from: str | None) -> None:
+    """Random bfloat16 weights of the shape, `layers` of its layers, with the tokenizer files of
+    `tokenizer_from` beside them (ids below its vocabulary are ids of the shape's too)."""
+    import shutil
+    from pathlib import Path
+
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from benchmarks.real_size import LLAMA3_8B
@@ -95,6 +101,9 @@ def write_shape(name: str, layers: int, folder: str) -> None:
     torch.manual_seed(0)
     with torch.device("cpu"):
         AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(folder)
+    for path in Path(tokenizer_from).iterdir() if tokenizer_from else ():
+        if path.is_file() and path.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(path, folder)
 
 
 def main() -> None:
@@ -112,12 +121,17 @@ def main() -> None:
     parser.add_argument("--output")
     parser.add_argument("--write-shape")
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--tokenizer-from", help="for --write-shape: a folder's tokenizer files")
+    parser.add_argument("--kv-cache-gib", type=float, default=None,
+                        help="each rank's KV cache (default: 1 on CPU, from free memory on a "
+                             "GPU; give it where ranks share one GPU)")
     args = parser.parse_args()
     if args.write_shape:
-        write_shape(args.write_shape, args.layers, args.model)
+        write_shape(args.write_shape, args.layers, args.model, args.tokenizer_from)
         return
     runs = [measure(args.model, int(n), args.tokens, args.batch, args.device, args.dtype,
-                    args.quantization)
+                    args.quantization,
+                    args.kv_cache_gib or (1.0 if args.device == "cpu" else None))
             for n in args.ranks.split(",")]
     from benchmarks.machine import device_facts
 
