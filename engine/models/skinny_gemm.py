@@ -41,13 +41,15 @@ PLAIN, SILU, ROPE = 0, 1, 2
 
 
 def _use_pdl(x: torch.Tensor) -> bool:
-    return os.environ.get("SPECSERVE_PDL") == "1" and x.device.type == "cuda"
+    return os.environ.get("SPECSERVE_PDL") == "1" and x.device.type == "cuda" \
+        and _kernels().HAS_PDL
 
 
 @functools.cache
-def _kernel():
+def _kernels():
+    """The kernel's module, imported on first use: it imports triton."""
     use_triton_cache_dir()  # before the first compile
-    from engine.models.skinny_kernel import skinny_kernel
+    from engine.models import skinny_kernel
 
     return skinny_kernel
 
@@ -61,7 +63,7 @@ def _launch(x, weight, out, grid_columns, tiles: Tiles, epilogue: int, pair_offs
         (out, out, out, out, out, 0, 0, 16))
     grid = (grid_columns, -(-num_rows // BLOCK_ROWS))
     kwargs = dict(launch_pdl=True) if _use_pdl(x) else {}
-    _kernel()[grid](
+    _kernels().skinny_kernel[grid](
         x, norm if norm is not None else out, weight,
         residual if residual is not None else out, out, cos, sin, slots, k_cache, v_cache,
         num_rows, eps, x.stride(0), weight.stride(0),

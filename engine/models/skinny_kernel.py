@@ -8,9 +8,23 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from engine.core.triton_jit import jit_options
+
+try:  # programmatic dependent launch's instructions (Triton 3.3 on, as far as we know)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    HAS_PDL = True
+except ImportError:  # an older Triton: never called (skinny_gemm launches without PDL)
+    HAS_PDL = False
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
 
 
 @triton.jit

@@ -54,6 +54,7 @@ def test_the_engine_on_the_fused_path_gives_the_torch_paths_tokens(model_with_32
     run_check("tests.engine.fused_layer_cases", "engine", str(model_with_32_dim_heads))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU compiles and runs them for real")
 def test_the_kernels_compile_for_a_hopper_gpu(tmp_path):
     """Triton compiles each epilogue to PTX for sm_90 without a GPU (the interpreter checks the
     arithmetic, not what only the compiler sees: types, layouts, constexpr branches); with
