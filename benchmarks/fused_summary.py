@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 STEP_MODES = ("on", "off", "pdl", "invariant")  # invariant: on, with --batch-invariant
-STEP_FIELDS = ("kernels_per_step", "ms_per_step", "tokens_per_s", "device_busy_ms_per_step",
+STEP_FIELDS = ("fused_layers", "kernels_per_step", "ms_per_step", "tokens_per_s", "device_busy_ms_per_step",
                "graph_replay_ms")
 
 

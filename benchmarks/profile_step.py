@@ -183,6 +183,9 @@ def profile_method(model: str, method: str, args, device) -> dict:
         "overlapped_share": round(((engine.overlap.num_overlapped if engine.overlap else 0)
                                    - overlapped_before) / (args.steps * args.repeats), 3),
     }
+    # layers on the fused decode/verify kernels (engine/models/fused_layer.py)
+    result["fused_layers"] = sum(bool(getattr(layer, "fused", False))
+                                 for layer in getattr(engine.runner.model, "layers", ()))
     result.update(profiled_counts(engine, prompt_ids, args.steps, params, device))
     result["graph_replay_ms"] = graph_replay_ms(engine, prompt_ids, params, device)
     del llm, engine
