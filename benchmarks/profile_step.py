@@ -185,7 +185,8 @@ def profile_method(model: str, method: str, args, device) -> dict:
     }
     # layers on the fused decode/verify kernels (engine/models/fused_layer.py)
     result["fused_layers"] = sum(bool(getattr(layer, "fused", False))
-                                 for layer in getattr(engine.runner.model, "layers", ()))
+                                 for layer in getattr(getattr(engine.runner, "model", None),
+                                                      "layers", ()))
     result.update(profiled_counts(engine, prompt_ids, args.steps, params, device))
     result["graph_replay_ms"] = graph_replay_ms(engine, prompt_ids, params, device)
     del llm, engine
