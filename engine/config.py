@@ -46,8 +46,9 @@ class ModelConfig:
     # process, ranks 1..N-1 processes it starts. 1: one process, no collectives.
     tensor_parallel_size: int = 1
     # Decode/verify steps of plain Llama layers in five fused Triton kernels a layer on CUDA
-    # (engine/models/fused_layer.py); "off": the torch path.
-    fused_kernels: str = "auto"
+    # (engine/models/fused_layer.py) where "auto"; "off": the torch path. Off by default until
+    # their first run on a GPU (benchmarks/device_check.sh fused71) has checked them in bf16.
+    fused_kernels: str = "off"
 
     def __post_init__(self) -> None:
         if self.fused_kernels not in ("auto", "off"):

@@ -89,10 +89,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="compute each row of a step bitwise as alone (GPU: Triton products for "
                         "steps of at most 64 rows), so bfloat16 speculation gives exactly the "
                         "non-speculative tokens; costs GPU time (docs/gpu.md)")
-    p.add_argument("--fused-kernels", default="auto", choices=["auto", "off"],
+    p.add_argument("--fused-kernels", default="off", choices=["auto", "off"],
                    help="decode/verify steps of plain Llama layers in five fused Triton kernels "
-                        "a layer on CUDA (bf16/fp16, <= 64 rows); 'off': the torch path "
-                        "(default: %(default)s)")
+                        "a layer on CUDA (bf16/fp16, <= 64 rows) where 'auto'; 'off': the torch "
+                        "path (default: %(default)s until measured on a GPU)")
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help="exact number of KV blocks (overrides --kv-cache-memory)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
