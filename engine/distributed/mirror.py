@@ -57,9 +57,6 @@ class LeaderMirror:
         self._main = kv_cache
         self._send(encode(("main_cache", _cache_shape(kv_cache))))
 
-    def stop(self) -> None:
-        self._send(encode(("stop", None)))
-
     def _announced(self, original, arguments, op: str | None = None):
         op = op or original.__name__
 

@@ -1,7 +1,8 @@
 """Tensor parallelism at the model's level (issue 73): a tiny model of each family, sharded over
 2 ranks (this process and a real follower process, gloo on localhost), gives the logits of the
 unsharded model within float32's tolerance, through prefill chunks and decode steps on a paged
-cache; and a shard laid out wrongly (one rank holding the other's piece) does not."""
+cache, and its greedy tokens; a shard laid out wrongly (one rank holding the other's piece)
+does not."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ TP_FAMILIES["one-kv-head-odd-vocabulary"] = ("llama", {"num_key_value_heads": 1,
                                                        "vocab_size": 255})
 
 
-def _logits(folder, followers: Followers | None) -> torch.Tensor:
-    """The model's logits over 40 tokens: prefill chunks, then decode steps (test_models.py)."""
+def _logits(folder, followers: Followers | None) -> tuple[torch.Tensor, list[int]]:
+    """The model's logits over 40 tokens (prefill chunks, then decode steps: test_models.py),
+    and its greedy continuation of the first 8 of them, 12 tokens, in a cache of its own."""
     model = load_model(str(folder), CPU, torch.float32, with_tokenizer=False,
                        shard=followers and followers.shard).model
     cache = KVCache(model.kv_arch, num_blocks=32, block_size=4, dtype=torch.float32, device=CPU)
@@ -39,11 +41,16 @@ def _logits(folder, followers: Followers | None) -> torch.Tensor:
         followers.mirror.set_main_cache(cache)
     torch.manual_seed(1)
     token_ids = torch.randint(0, model.arch.vocab_size, (40,)).tolist()
-    return _run_paged(model, token_ids, [7, 3, 12, 0, 25, 9, 30, 1, 17, 4, 22], cache,
-                      chunks=[17, 5, 9] + [1] * 9)
+    logits = _run_paged(model, token_ids, [7, 3, 12, 0, 25, 9, 30, 1, 17, 4, 22], cache,
+                        chunks=[17, 5, 9] + [1] * 9)
+    greedy = token_ids[:8]
+    for _ in range(12):  # each step feeds the whole sequence again: the cache is rewritten
+        step = _run_paged(model, greedy, [2, 5, 6, 8, 10], cache, chunks=[len(greedy)])
+        greedy.append(int(step[-1].argmax()))
+    return logits, greedy[8:]
 
 
-def _sharded_logits(folder) -> torch.Tensor:
+def _sharded_logits(folder) -> tuple[torch.Tensor, list[int]]:
     config = EngineConfig.from_kwargs(model=str(folder), device="cpu", dtype="float32",
                                       tensor_parallel_size=2)
     followers = Followers(config, CPU)
@@ -57,10 +64,11 @@ def _sharded_logits(folder) -> torch.Tensor:
 def test_two_ranks_give_one_ranks_logits(tmp_path, family):
     model_type, overrides = TP_FAMILIES[family]
     make_tiny_model(tmp_path, model_type, **overrides)
-    expected = _logits(tmp_path, None)
-    got = _sharded_logits(tmp_path)
+    expected, expected_greedy = _logits(tmp_path, None)
+    got, greedy = _sharded_logits(tmp_path)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     assert got.argmax(-1).tolist() == expected.argmax(-1).tolist()
+    assert greedy == expected_greedy
 
 
 def _exchanged(function):
@@ -74,9 +82,9 @@ def _exchanged(function):
 @pytest.mark.parametrize("piece", ["head_shard", "gate_up_rows"])
 def test_a_wrongly_laid_out_shard_fails(tmp_path, monkeypatch, piece):
     make_tiny_model(tmp_path, "llama")
-    expected = _logits(tmp_path, None)
+    expected, _ = _logits(tmp_path, None)
     monkeypatch.setattr(shard, piece, _exchanged(getattr(shard, piece)))
-    got = _sharded_logits(tmp_path)
+    got, _ = _sharded_logits(tmp_path)
     assert got.shape == expected.shape
     assert (got - expected).abs().max() > 1e-2
 
