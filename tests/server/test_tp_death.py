@@ -1,6 +1,6 @@
 """A server with --tensor-parallel-size 2 whose rank 1 is killed (issue 73): the stream in flight
 ends with an `engine_dead` error within 10 s and the server exits non-zero; a rank killed while
-the server idles ends it too. Nothing waits on a collective whose peer is gone."""
+the server idles ends it too, with the engine in the server's process or its own. Nothing waits on a collective whose peer is gone."""
 
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ def long_context_model(tmp_path_factory, default_model_folder):
     return folder
 
 
-def _serve(model, log):
+def _serve(model, log, engine_core: str = "thread"):
     return running_server(["--model", str(model), "--tensor-parallel-size", "2",
-                           "--speculative-method", "none", "--log-level", "info"], model.name,
-                          log_file=log)
+                           "--engine-core", engine_core, "--speculative-method", "none",
+                           "--log-level", "info"], model.name, log_file=log)
 
 
 def _rank1_pid(log_path) -> int:
@@ -72,9 +72,12 @@ def test_killed_rank_fails_the_stream_and_ends_the_server(tmp_path, long_context
     assert "tensor-parallel rank 1" in log_path.read_text()
 
 
-def test_a_rank_killed_while_idle_ends_the_server(tmp_path, long_context_model):
+# In the engine's own process (--engine-core process, the GPU default) rank 0 is that process:
+# its step loop checks the followers between polls for commands.
+@pytest.mark.parametrize("engine_core", ["thread", "process"])
+def test_a_rank_killed_while_idle_ends_the_server(tmp_path, long_context_model, engine_core):
     log_path = tmp_path / "server.log"
-    with open(log_path, "w") as log, _serve(long_context_model, log) as server:
+    with open(log_path, "w") as log, _serve(long_context_model, log, engine_core) as server:
         os.kill(_rank1_pid(log_path), signal.SIGKILL)
         killed_at = time.monotonic()
         assert server.process.wait(timeout=10) != 0
