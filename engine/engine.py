@@ -56,8 +56,7 @@ class LLMEngine:
         self.dtype = pick_dtype(config.model.dtype, self.device)
         release_cached_memory(self.device)
         free_at_start = free_memory_bytes(self.device)
-        # --tensor-parallel-size N: ranks 1..N-1 start and load their shards beside this one.
-        self.parallel = start_tensor_parallel(config, self.device)
+        self.parallel = start_tensor_parallel(config, self.device)  # ranks 1..N-1, loading
         loaded = load_model(config.model.model, self.device, self.dtype,
                             quantization=config.model.quantization,
                             max_model_len=config.model.max_model_len,
@@ -89,13 +88,12 @@ class LLMEngine:
             num_kv_blocks=num_kv_blocks(config, loaded.model, self.dtype, self.device,
                                         free_at_start, max_model_len),
             block_size=config.cache.block_size, max_model_len=max_model_len)
-        # Under tensor parallelism a step is announced to the other ranks as it starts: no
-        # replayed graph (padded steps), no overlap.
+        # tensor parallel: steps are announced to the other ranks as they start (no graphs)
         padded = uses_padded_steps(config, self.device) and self.parallel is None
         # Padded steps write their padding rows' KV into one scratch block past the manager's.
         kv_cache = KVCache(loaded.model.kv_arch, self.limits.num_kv_blocks + int(padded),
                            self.limits.block_size, self.dtype, self.device)
-        if self.parallel is not None:
+        if self.parallel is not None:  # the other ranks build theirs of as many blocks
             self.parallel.mirror.set_main_cache(kv_cache)
         self.runner = flat_runner(config, loaded, kv_cache, self.device)  # stub: benchmarks
         self.static_runner = StaticStepRunner.for_engine(
