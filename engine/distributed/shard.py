@@ -158,6 +158,7 @@ def _cut_gguf(linear: Linear, cut: Linear, rows: list[range], columns: range) ->
         if not full:
             first = columns.start // fmt.block_size * fmt.block_bytes
             packed = packed[:, first:first + fmt.row_bytes(len(columns))]
-        cut.gguf.add(PackedTensor(packed.contiguous(), fmt.ggml_type,
-                                  (packed.shape[0], len(columns))), offset)
+        # a copy, never a view: a view would keep the whole checkpoint tensor alive
+        owned = torch.empty_like(packed, memory_format=torch.contiguous_format).copy_(packed)
+        cut.gguf.add(PackedTensor(owned, fmt.ggml_type, (packed.shape[0], len(columns))), offset)
         offset += packed.shape[0]

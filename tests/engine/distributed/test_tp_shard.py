@@ -88,6 +88,10 @@ def test_row_pieces_are_the_rows_they_name(gguf):
     whole = linear(x)
     torch.testing.assert_close(cut(x), torch.cat([whole[:, 2:4], whole[:, 8:12]], dim=1),
                                atol=1e-5, rtol=1e-5)
+    one_range = shard.cut_linear(linear, rows=[range(4, 8)])
+    held = one_range.weight if not gguf else one_range.gguf.parts[0].packed
+    # the piece owns its bytes: a view would keep the whole weight alive on every rank
+    assert held.untyped_storage().nbytes() == held.numel() * held.element_size()
 
 
 def test_qkv_rows_take_each_ranks_heads_from_q_k_and_v():
