@@ -107,3 +107,13 @@ def test_a_rank_that_stops_answering_times_out(tiny, monkeypatch):
     finally:
         follower.kill()
         llm.engine.parallel.close()
+
+
+def test_one_rank_is_the_one_process_engine(tiny):
+    """--tensor-parallel-size 1 (the default): no followers, no cut, no wrapped module."""
+    from engine.models.layers import Linear
+
+    llm = make_llm(str(tiny[0]), speculative_method="none")
+    model = llm.engine.runner.model
+    assert llm.engine.parallel is None and model.kv_arch is model.arch
+    assert all(type(m) is Linear for m in model.modules() if isinstance(m, Linear))
