@@ -92,9 +92,11 @@ class Followers:
                 self.check()
             if connection.recv_bytes() != b"ready":
                 raise RuntimeError(f"tensor-parallel rank {rank} did not start")
-        for layer in model.layers:  # fused Triton layers add the residual before any reduce
-            if getattr(layer, "fused", False):
-                layer.fused = False
+        fused = [layer for layer in model.layers if getattr(layer, "fused", False)]
+        for layer in fused:  # fused Triton layers add the residual before any all-reduce
+            layer.fused = False
+        if fused:
+            logger.info("fused kernels off under tensor parallelism (%d layers)", len(fused))
         self.mirror = LeaderMirror(model, self._send, self.check)
 
     def add_death_listener(self, listener: Callable[[BaseException], None]) -> None:
