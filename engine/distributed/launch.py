@@ -193,6 +193,9 @@ def start_tensor_parallel(config, device: torch.device) -> Followers | None:
     if config.model.tensor_parallel_size == 1:
         return None
     check_shardable(_architecture(config.model.model), config.model.tensor_parallel_size)
+    if torch.distributed.is_initialized():  # torch's default process group is one a process
+        raise ValueError("one tensor-parallel engine a process: close the other one first "
+                         "(engine.parallel.close())")
     return Followers(config, device)
 
 

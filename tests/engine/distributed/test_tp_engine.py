@@ -88,6 +88,15 @@ def test_the_flag_reaches_the_engine_config():
         assert engine_config_from_args(args).model.tensor_parallel_size == size
 
 
+def test_a_second_tensor_parallel_engine_in_one_process_is_refused(tiny):
+    first = make_llm(str(tiny[0]), speculative_method="none", tensor_parallel_size=2)
+    try:
+        with pytest.raises(ValueError, match="one tensor-parallel engine a process"):
+            make_llm(str(tiny[0]), speculative_method="none", tensor_parallel_size=2)
+    finally:
+        first.engine.parallel.close()
+
+
 def test_a_rank_that_stops_answering_times_out(tiny, monkeypatch):
     """A follower frozen (SIGSTOP: alive, its sockets open, so nothing tells rank 0 it is gone)
     leaves rank 0's next collective to its timeout: the step raises instead of hanging."""
