@@ -86,10 +86,16 @@ class Followers:
             raise
 
     def follow(self, model) -> None:
-        """Waits for every follower's model, then makes rank 0's model announce its calls."""
+        """Waits for every follower's model (START_TIMEOUT_S at most), then makes rank 0's
+        model announce its calls."""
+        deadline = time.monotonic() + START_TIMEOUT_S
         for rank, connection in enumerate(self._connections, start=1):
             while not connection.poll(0.5):
                 self.check()
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise RankDeadError(f"tensor-parallel rank {rank} did not load its shard "
+                                        f"in {START_TIMEOUT_S:.0f} s")
             if connection.recv_bytes() != b"ready":
                 raise RuntimeError(f"tensor-parallel rank {rank} did not start")
         fused = [layer for layer in model.layers if getattr(layer, "fused", False)]
