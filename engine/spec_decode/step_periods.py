@@ -22,6 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Floor of a step's price: a fitted line may have no fixed part (step_cost.py), and a step
+# whose every decoding request feeds its prompt's last chunk has no decode rows to price, so its
+# no-draft price came out 0 and the plan divided by it (ZeroDivisionError, seen in a test).
+MIN_STEP_SECONDS = 1e-6
 PERIOD_DECAY = 0.9  # weight of the estimate so far, per observation
 MIN_OBSERVATIONS = 4  # of each kind, at a batch size, before the price is used
 
@@ -109,11 +113,12 @@ class StepPeriods:
 
 def no_draft_seconds(price: NoDraftPrice | None, synchronous_seconds: float) -> float:
     """What a step of no draft costs: a quiet step's period where measured, else the
-    synchronous step's priced time."""
-    return synchronous_seconds if price is None else price.quiet_seconds
+    synchronous step's priced time; never less than MIN_STEP_SECONDS."""
+    return max(synchronous_seconds if price is None else price.quiet_seconds, MIN_STEP_SECONDS)
 
 
 def host_seconds(price: NoDraftPrice | None) -> float:
     """What a synchronous step, the only kind that verifies drafts, adds beyond its forward
-    where no draft would have run quiet (0 where quiet steps are not measured)."""
-    return 0.0 if price is None else price.sync_overhead
+    where no draft would have run quiet (0 where quiet steps are not measured), and the floor
+    that keeps a step's price above 0."""
+    return MIN_STEP_SECONDS if price is None else price.sync_overhead + MIN_STEP_SECONDS

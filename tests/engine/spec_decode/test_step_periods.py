@@ -106,3 +106,16 @@ def test_an_engine_with_quiet_steps_measures_their_price_and_keeps_nones_tokens(
     sync = make_llm(folder, enforce_eager=True, speculative_method="ngram", async_scheduling=False)
     sync.generate(PROMPTS[:1], params)
     assert sync.engine.speculation.periods.no_draft_price(1) is None
+
+
+def test_a_step_priced_at_nothing_plans_without_dividing_by_zero():
+    """A fitted line with no fixed part prices a step with no decode rows (every request feeding
+    its prompt's last chunk) at 0 seconds; the plan divided by it and the engine died. Now such
+    a step is priced at MIN_STEP_SECONDS: no draft then looks cheapest, and the plan is valid."""
+    controller = make_controller(fixed=0.0, per_token=0.001)
+    sure = trained_request(controller, "copy", num_accepted=MAX_K)
+    assert controller.plan([sure], [MAX_K], num_other_units=0) == [0]
+    priced = make_controller(fixed=0.001, per_token=0.0001)  # the control: a step with a price
+    assert priced.plan([trained_request(priced, "copy")], [MAX_K], num_other_units=0)[0] == MAX_K
+    free = make_controller(fixed=0.0, per_token=0.0)  # nothing costs anything: drafts are free
+    assert free.plan([trained_request(free, "x")], [MAX_K], num_other_units=0)[0] == MAX_K
