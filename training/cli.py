@@ -30,16 +30,20 @@ def add_train_draft_parser(commands) -> None:
     p.add_argument("--last-layer-only", action="store_true",
                    help="the head reads the target's last layer only (EAGLE), not a low, a "
                         "middle and a high one (EAGLE-3, the default)")
+    p.add_argument("--architecture", choices=("eagle", "eagle3"), default="eagle",
+                   help="eagle: specserve's own head; eagle3: EAGLE-3's head, written in the "
+                        "published layout (config.json + model.safetensors) that vLLM and "
+                        "SGLang load too (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
 
 
 def run_train_draft(args: argparse.Namespace) -> None:
-    from engine.spec_decode.eagle_train import TrainOptions, train_draft
+    from training.eagle_train import TrainOptions, train_draft
 
     logging.basicConfig(level="WARNING")
     options = TrainOptions(max_minutes=args.max_minutes, max_prompts=args.max_prompts,
                            disk_code_tokens=args.disk_code_tokens, seed=args.seed,
-                           eagle3=not args.last_layer_only,
+                           eagle3=not args.last_layer_only, architecture=args.architecture,
                            work_dir=Path(args.work_dir or f"{args.output.rstrip('/')}.work"))
     try:
         train_draft(args.model, Path(args.output), options, device=args.device,

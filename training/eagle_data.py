@@ -154,9 +154,11 @@ def _word_ngrams(text: str) -> set[tuple[str, ...]]:
 # -------------------------------------------------------------------------- features
 @torch.inference_mode()
 def teacher_force(target, token_lists: list[list[int]], device, log,
-                  feature_layers: tuple[int, ...] = ()) -> list[dict]:
+                  feature_layers: tuple[int, ...] = (), raw_layers: bool = False) -> list[dict]:
     """Per text: tokens, the target's features f_t (float16), its greedy next tokens and, with
-    `feature_layers`, those layers' outputs, each RMS-normalized (float16)."""
+    `feature_layers`, those layers' outputs, each RMS-normalized (float16), or with `raw_layers`
+    as they are (bfloat16: EAGLE-3's fc reads the raw residual streams, whose outliers can pass
+    float16's range)."""
     block_size = 16
     data, started, total = [], time.time(), 0
     hidden_size = target.arch.hidden_size
@@ -177,7 +179,9 @@ def teacher_force(target, token_lists: list[list[int]], device, log,
             item = {"tokens": torch.tensor(tokens), "features": features.half().cpu(),
                     "greedy": greedy.cpu()}
             if feature_layers:
-                item["layers"] = normalize_layers(hidden[:, hidden_size:], target.arch).half().cpu()
+                layers = hidden[:, hidden_size:]
+                item["layers"] = layers.bfloat16().cpu() if raw_layers else \
+                    normalize_layers(layers, target.arch).half().cpu()
             data.append(item)
             total += length
             if (n + 1) % 100 == 0 or n + 1 == len(token_lists):

@@ -17,6 +17,8 @@
    predictions, as drafting does after the first token. Held-out acceptance (the head's argmax
    equals the target's greedy token), on texts of prompts never trained on, is printed as it
    trains.
+5. The head is our own architecture (`architecture="eagle"`) or EAGLE-3's, written in the
+   published layout that other engines load (`"eagle3"`): trained_heads.py.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from training.eagle_data import (
     measurement_overlap,
     teacher_force,
 )
-from engine.spec_decode.eagle_head import EagleHead, EagleHeadConfig, default_feature_layers
+from training.trained_heads import feature_layers_for, new_head, write_head
 
 logger = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint.pt"
@@ -54,6 +56,7 @@ class TrainOptions:
     max_new_tokens: int = 256
     templates_per_topic: int = 6  # chat prompts per topic (train_prompts.py)
     eagle3: bool = True  # read a low, a middle and a high layer (EAGLE-3), not only the last
+    architecture: str = "eagle"  # "eagle": our own head; "eagle3": EAGLE-3's, published layout
     regression_weight: float = 0.1
     disk_code_tokens: int = 30_000  # Python source from the standard library
     vocab_coverage: float = 0.985
@@ -71,6 +74,14 @@ class TrainOptions:
 def train_draft(model: str | None, output: Path, options: TrainOptions, device: str | None = None,
                 log=print) -> dict:
     """Builds the data, trains, writes `output`; returns the training summary."""
+    head, summary, target, target_name = train_head(model, options, device, log)
+    write_head(head, Path(output), target, target_name, summary)
+    log(f"wrote {output} ({summary['minutes']} min in all)")
+    return summary
+
+
+def train_head(model: str | None, options: TrainOptions, device: str | None = None, log=print):
+    """Builds the data and trains: (head, summary, target, target name), nothing written."""
     from engine import LLM
 
     torch.manual_seed(options.seed)
@@ -79,6 +90,7 @@ def train_draft(model: str | None, output: Path, options: TrainOptions, device: 
     llm = LLM(model, speculative_method="none", device=device, max_num_seqs=32)
     engine = llm.engine
     target, tokenizer = engine.runner.model, engine.tokenizer
+    feature_layers = feature_layers_for(options.architecture, target.arch, options.eagle3)
     texts = cached_texts(options.work_dir, log, lambda: build_texts(
         llm, rng, options.max_new_tokens, options.disk_code_tokens, options.max_prompts, log,
         options.templates_per_topic))
@@ -91,17 +103,14 @@ def train_draft(model: str | None, output: Path, options: TrainOptions, device: 
     held_groups = set(groups[:max(1, int(len(groups) * options.held_out))])
     texts.sort(key=lambda t: t[2] not in held_groups)  # held-out texts first
     num_held = sum(t[2] in held_groups for t in texts)
-    feature_layers = default_feature_layers(target.arch) if options.eagle3 else []
     data = teacher_force(target, [ids for ids, _, _ in texts], engine.device, log,
-                         tuple(feature_layers))
+                         tuple(feature_layers), raw_layers=options.architecture == "eagle3")
     vocab, coverage = choose_draft_vocab(data[num_held:], target.arch.vocab_size,
                                          options.vocab_coverage)
     log(f"draft vocabulary: {len(vocab)} tokens cover {100 * coverage[len(vocab)]:.1f}% of the "
         f"target's greedy predictions ({', '.join(f'{n}: {100 * c:.1f}%' for n, c in coverage.items())})")
-    head = EagleHead(target.arch, len(vocab), feature_layers).to(engine.device)
-    head.init_weights(torch.Generator(device=engine.device).manual_seed(options.seed))
-    head.token_ids.copy_(vocab)
-    head.attach_lm_head(target)
+    head = new_head(options.architecture, target, feature_layers, vocab, engine.device,
+                    options.seed)
     history = train(head, target, data[num_held:], data[:num_held], options, log)
     summary = {
         "texts": len(texts), "tokens": sum(len(d["tokens"]) for d in data),
@@ -109,11 +118,7 @@ def train_draft(model: str | None, output: Path, options: TrainOptions, device: 
         "overlap": overlap, "minutes": round((time.time() - started) / 60, 1),
         "options": {k: v for k, v in asdict(options).items() if k != "work_dir"}, **history,
     }
-    config = EagleHeadConfig(asdict(target.arch), len(vocab), engine.model_name, summary,
-                             feature_layers or None)
-    head.save(Path(output), config)
-    log(f"wrote {output} ({summary['minutes']} min in all)")
-    return summary
+    return head, summary, target, engine.model_name
 
 
 # -------------------------------------------------------------------------- training
@@ -160,14 +165,15 @@ def _losses(head, inputs, embeds, wanted, mask, unroll: int, regression_weight: 
     """Per pass: (loss, predictions). Each pass after the first reads the one before's
     predictions as its features (training-time test)."""
     passes = []
-    first = inputs if head.reduce is None else head.reduce(inputs)
+    first = head.train_first(inputs)
     features = first
     for _ in range(unroll):
-        predicted = head.train_forward(features, embeds)
-        regression = F.smooth_l1_loss(predicted, wanted, reduction="none").mean(-1)
+        predicted = head.train_forward(features, embeds)  # what the next pass reads
+        normed = head.train_normed(predicted)  # what the LM head reads
+        regression = F.smooth_l1_loss(normed, wanted, reduction="none").mean(-1)
         with torch.no_grad():
-            target_logp = F.log_softmax(head.train_logits(wanted).float(), dim=-1)
-        head_logp = F.log_softmax(head.train_logits(predicted).float(), dim=-1)
+            target_logp = F.log_softmax(F.linear(wanted, head.lm_head.weight).float(), dim=-1)
+        head_logp = F.log_softmax(F.linear(normed, head.lm_head.weight).float(), dim=-1)
         classification = -(target_logp.exp() * head_logp).sum(-1)
         per_position = classification + regression_weight * regression
         loss = (per_position * mask).sum() / mask.sum()
@@ -177,9 +183,10 @@ def _losses(head, inputs, embeds, wanted, mask, unroll: int, regression_weight: 
     return passes
 
 
-def train(head: EagleHead, target, train_data, held_data, options: TrainOptions, log) -> dict:
-    device = head.fuse.weight.device
-    use_layers = head.reduce is not None
+def train(head, target, train_data, held_data, options: TrainOptions, log) -> dict:
+    """Trains `head` (an EagleHead or an Eagle3Head, trained_heads.py) in place."""
+    device = head.norm.weight.device
+    use_layers = bool(head.feature_layers)
     draft_index = torch.full((target.arch.vocab_size,), -1, dtype=torch.long)
     draft_index[head.token_ids.cpu()] = torch.arange(head.draft_vocab_size)
     windows = _windows(train_data)
@@ -264,8 +271,8 @@ def evaluate(head, target, data, windows, draft_index, options) -> dict:
     total = 0
     for start in range(0, len(windows), 16):
         inputs, embeds, wanted, greedy, mask = _batch(data, windows[start:start + 16], target,
-                                                      draft_index, head.fuse.weight.device,
-                                                      head.reduce is not None)
+                                                      draft_index, head.norm.weight.device,
+                                                      bool(head.feature_layers))
         results = _losses(head, inputs, embeds, wanted, mask, passes, options.regression_weight)
         for n, (_, logp) in enumerate(results):
             hits[n] += int(((logp.argmax(-1) == greedy) & mask).sum())

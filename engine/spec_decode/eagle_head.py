@@ -81,16 +81,8 @@ class EagleHead(nn.Module):
             self.rotary = RotaryEmbedding(self.arch)
         self._compiled_stack = CompiledStack()
 
-    @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
-        """Random projections (normal, std 0.02 as in Llama's initializer), unit norms."""
-        for name, param in self.trained_parameters().items():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            elif name.endswith(".bias"):
-                param.zero_()
-            else:
-                param.normal_(0.0, std, generator=generator)
+        init_head_weights(self.trained_parameters(), generator, std)
 
     @property
     def draft_vocab_size(self) -> int:
@@ -189,6 +181,13 @@ class EagleHead(nn.Module):
     def train_logits(self, features: torch.Tensor) -> torch.Tensor:
         return F.linear(features, self.lm_head.weight)
 
+    def train_first(self, inputs: torch.Tensor) -> torch.Tensor:  # [B, T, k H or H] -> [B, T, H]
+        """f_t from the batch's inputs: the feature layers' projection, or the final features."""
+        return inputs if self.reduce is None else self.reduce(inputs)
+
+    def train_normed(self, predicted: torch.Tensor) -> torch.Tensor:
+        return predicted  # train_forward ends in the head's norm already
+
     # --------------------------------------------------------------- save / load
     def save(self, folder: Path, config: EagleHeadConfig) -> None:
         """float16 weights (half the size; the head is far less precise than that) + config."""
@@ -238,6 +237,19 @@ def load_head(folder: Path, target, device: torch.device, dtype: torch.dtype,
                     module.pack_for_cpu()
     head.config = config
     return head
+
+
+@torch.no_grad()
+def init_head_weights(params: dict[str, nn.Parameter], generator: torch.Generator | None,
+                      std: float) -> None:
+    """Random projections (normal, std 0.02 as in Llama's initializer), unit norms."""
+    for name, param in params.items():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif name.endswith(".bias"):
+            param.zero_()
+        else:
+            param.normal_(0.0, std, generator=generator)
 
 
 def normalize_layers(outputs: torch.Tensor, arch: LlamaArchitecture) -> torch.Tensor:

@@ -85,7 +85,8 @@ def test_train_draft_documents_its_flags():
     result = subprocess.run([sys.executable, "-m", "specserve", "train-draft", "--help"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
-    for flag in ("--model", "--output", "--device", "--max-minutes", "--max-prompts"):
+    for flag in ("--model", "--output", "--device", "--max-minutes", "--max-prompts",
+                 "--architecture"):
         assert flag in result.stdout, flag
 
 

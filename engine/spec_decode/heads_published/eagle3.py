@@ -15,6 +15,12 @@ Where it differs from our own head (engine/spec_decode/eagle_head.py):
 Drafting feeds p (not norm(p)) back in place of g, as vLLM's and SGLang's proposers do. The
 interface is the one EagleProposer reads from EagleHead: `kept_columns`, `target_features`,
 `embed`, `forward`, `draft_logits`, `token_ids`, `arch`, `feature_layers`.
+
+`train_forward` is the same computation over dense [batch, time] sequences in plain torch, for
+`specserve train-draft --architecture eagle3` (the inference path runs fused CPU kernels without
+gradients); a test holds the two equal. Training reads the interface the trainer reads from
+EagleHead: `trained_parameters`, `init_weights`, `attach_lm_head`, `train_first`,
+`train_forward`, `train_normed`.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.models.architecture import LlamaArchitecture
 from engine.models.decoder_layer import Attention
-from engine.models.layers import MLP, Linear, RMSNorm, RotaryEmbedding
+from engine.models.layers import MLP, Linear, RMSNorm, RotaryEmbedding, rms_norm, rotate_half
+from engine.spec_decode.eagle_head import init_head_weights
 
 
 @dataclass
@@ -120,3 +128,62 @@ class Eagle3Head(nn.Module):
     @torch.inference_mode()
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:  # [n, draft_vocab] float32
         return self.lm_head(self.norm(features)).float()
+
+    # ------------------------------------------------------------------ training
+    def trained_parameters(self) -> dict[str, nn.Parameter]:
+        """All but the LM head, which holds the target's rows of the draft vocabulary."""
+        return {name: p for name, p in self.named_parameters() if not name.startswith("lm_head.")}
+
+    def init_weights(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
+        init_head_weights(self.trained_parameters(), generator, std)
+
+    @torch.no_grad()
+    def attach_lm_head(self, target) -> None:
+        """Copies the target LM head's rows for `token_ids` (dequantized from GGUF blocks)."""
+        rows = target.lm_head.embedding(self.token_ids.to(target.norm.weight.device))
+        self.lm_head.weight = nn.Parameter(rows.to(self.norm.weight.dtype).clone(),
+                                           requires_grad=False)
+        self.lm_head.packed_weight = None
+
+    def train_first(self, layers: torch.Tensor) -> torch.Tensor:  # [B, T, k H_target] -> [B, T, H]
+        """g_t from the raw feature layers' outputs, as `target_features` computes it."""
+        return F.linear(layers, self.fc.weight, self.fc.bias)
+
+    def train_forward(self, features: torch.Tensor,  # [B, T, H] g_t or the head's own p
+                      next_embeds: torch.Tensor,  # [B, T, H] embedding of token t+1
+                      positions: torch.Tensor | None = None) -> torch.Tensor:  # [B, T, H] p
+        """The inference computation with autograd: causal attention over each sequence."""
+        layer, a = self.layer, self.arch
+        attn, mlp = layer.self_attn, layer.mlp
+        batch, time, _ = features.shape
+        if positions is None:
+            positions = torch.arange(time, device=features.device)
+        normed = _norm(features, layer.hidden_norm)
+        residual = normed if layer.norm_before_residual else features
+        x = torch.cat([_norm(next_embeds, layer.input_layernorm), normed], dim=-1)  # [B, T, 2H]
+        q, k, v = F.linear(x, attn.qkv_proj.weight, attn.qkv_proj.bias).split(attn.split_sizes,
+                                                                              dim=-1)
+        q = q.view(batch, time, a.num_heads, a.head_dim)
+        k = k.view(batch, time, a.num_kv_heads, a.head_dim)
+        v = v.view(batch, time, a.num_kv_heads, a.head_dim)
+        cos = self.rotary.cos[positions].to(x.dtype)[:, None, :]  # [T, 1, D]
+        sin = self.rotary.sin[positions].to(x.dtype)[:, None, :]
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        groups = a.num_heads // a.num_kv_heads
+        attended = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.repeat_interleave(groups, dim=2).transpose(1, 2),
+            v.repeat_interleave(groups, dim=2).transpose(1, 2), is_causal=True,
+            scale=a.attention_scale)
+        attended = attended.transpose(1, 2).reshape(batch, time, -1)
+        h = residual + F.linear(attended, attn.o_proj.weight, attn.o_proj.bias)
+        gate, up = F.linear(_norm(h, layer.post_attention_layernorm), mlp.gate_up_proj.weight,
+                            mlp.gate_up_proj.bias).split(a.intermediate_size, dim=-1)
+        return h + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+
+    def train_normed(self, prenorm: torch.Tensor) -> torch.Tensor:  # [B, T, H]
+        """norm(p): what the LM head reads, compared with the target's next final feature."""
+        return _norm(prenorm, self.norm)
+
+
+def _norm(x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+    return rms_norm(x, norm.weight, norm.eps)

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engine.spec_decode.heads_published.eagle3_writer import draft_maps
+
 
 def write_head(folder: Path, target_config, token_ids: list[int], layer_ids: list[int], *,
                layout: str = "eagle3", hidden_size: int | None = None, std: float = 0.3,
@@ -59,11 +61,7 @@ def write_head(folder: Path, target_config, token_ids: list[int], layer_ids: lis
     if with_embed or layout == "speculators":
         tensors["embed_tokens.weight"] = rand(vocab, hidden) / std
     tensors = {name: t.to(dtype).contiguous() for name, t in tensors.items()}
-    ids = torch.tensor(token_ids, dtype=torch.long)
-    tensors["d2t"] = ids - torch.arange(len(token_ids))  # target = draft + d2t[draft]
-    t2d = torch.zeros(vocab, dtype=torch.bool)
-    t2d[ids] = True
-    tensors["t2d"] = t2d
+    tensors.update(draft_maps(torch.tensor(token_ids), vocab))  # target = draft + d2t[draft]
     for name in drop:
         tensors.pop(name)
     layer = {
