@@ -124,6 +124,11 @@ def cut_linear(linear: Linear, rows: list[range] | None = None, columns: range |
     if bias:
         cut.bias = nn.Parameter(_take_rows(linear.bias, rows).clone(), requires_grad=False)
     cut.row_invariant = linear.row_invariant
+    # Which of the full layer's rows and columns this piece holds, in its order (`linear` is
+    # always the whole layer: nothing is cut twice): per-rank loading (shard_load.py) reads
+    # each checkpoint tensor's piece from these alone.
+    cut.kept_rows, cut.kept_columns = list(rows), columns
+    cut.dropped_bias = linear.bias is not None and not keep_bias
     return cut
 
 

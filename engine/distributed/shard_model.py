@@ -1,7 +1,9 @@
-"""Cuts a loaded `LlamaForCausalLM` for one rank, in place: every projection replaced by its
+"""Cuts a `LlamaForCausalLM` for one rank, in place: every projection replaced by its
 rank's piece (shard.py), with the collectives of parallel_layers.py where outputs must be made
-whole. Run after the weights are loaded and before they are packed for a kernel (the loader's
-`shard` hook), on every rank alike."""
+whole. Run by the loader's `shard` hook on every rank alike: on the meta device before a float
+checkpoint is read (each cut records the full rows and columns it keeps, and shard_load.py
+reads just those), or after a GGUF file's blocks are loaded, before a kernel packs them.
+Every step here works on meta tensors."""
 
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ def _shard_vocabulary(model, group: ParallelGroup) -> None:
     if model.embed_tokens is not None:
         weight = model.embed_tokens.weight.detach()[rows.start:rows.stop].clone()
         model.embed_tokens = VocabParallelEmbedding(weight, rows.start, group)
+        model.embed_tokens.kept_rows = [rows]  # as cut_linear records them (shard_load.py)
 
 
 def is_sharded(model: nn.Module) -> bool:

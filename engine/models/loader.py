@@ -150,8 +150,10 @@ def gguf_to_folder(gguf_path: Path) -> Path:
     return folder
 
 
-def iter_checkpoint_tensors(folder: Path):
-    """Yields (name, tensor) from every safetensors shard, or from PyTorch .bin files."""
+def iter_checkpoint_tensors(folder: Path, lazy: bool = False):
+    """Yields (name, tensor) from every safetensors shard, or from PyTorch .bin files. `lazy`:
+    a safetensors tensor comes as its slice (`get_slice`), which reads only the rows and
+    columns indexed; a .bin file is read whole either way, one file at a time."""
     shards = sorted(folder.glob("*.safetensors"))
     if shards:
         from safetensors import safe_open
@@ -159,7 +161,7 @@ def iter_checkpoint_tensors(folder: Path):
         for shard in shards:
             with safe_open(str(shard), framework="pt") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    yield name, (f.get_slice(name) if lazy else f.get_tensor(name))
         return
     bins = sorted(folder.glob("pytorch_model*.bin"))
     if not bins:
@@ -175,7 +177,9 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
     """Loads weights (and, unless told not to, the tokenizer) of a Llama-family model.
     `max_model_len`: positions past it are never used, so no table is built for them (a model
     file may claim a context of 2^32 - 1 tokens). `shard`: cuts the loaded weights for one
-    tensor-parallel rank (engine/distributed/), before any kernel repacks them."""
+    tensor-parallel rank (engine/distributed/): a float checkpoint's model is cut on the meta
+    device and each rank reads only its piece (shard_load.py); GGUF blocks are cut once loaded,
+    before any kernel repacks them."""
     path, name = locate_model(model)
     if path.is_file():
         gguf_native.check_gguf(path)
@@ -191,9 +195,7 @@ def load_model(model: str | None, device: torch.device, dtype: torch.dtype,
                     ", ".join(llama.gguf_format_names()), llama.gguf_bytes() / 1e6)
     else:
         folder, hf_config, llama, tokenizer = _load_float(path, device, with_tokenizer,
-                                                          max_model_len)
-        if shard is not None:
-            shard(llama)
+                                                          max_model_len, shard, dtype)
     llama = llama.to(dtype).eval()
     llama.pack_for_cpu()
     return LoadedModel(
@@ -233,9 +235,15 @@ def _load_native(path: Path, with_tokenizer: bool, max_model_len: int | None):
 
 
 def _load_float(path: Path, device: torch.device, with_tokenizer: bool,
-                max_model_len: int | None):
+                max_model_len: int | None,
+                shard: Callable[[LlamaForCausalLM], None] | None = None,
+                dtype: torch.dtype = torch.float32):
     """A Hugging Face folder, or a GGUF file dequantized into one (cached): (folder, config,
-    model, tokenizer or None)."""
+    model, tokenizer or None). With `shard`, the model is cut for its rank before any storage
+    is allocated, and allocated in `dtype` (a float32 piece of a bfloat16 model, cast after,
+    would need three times the piece's bytes at once), so a rank holds only its piece: a model
+    that needs several devices to fit loads at all. The values are those of a float32 load
+    cast to `dtype`: each is rounded once, from the checkpoint's."""
     from transformers import AutoConfig, AutoTokenizer
 
     folder = gguf_to_folder(path) if path.is_file() else path
@@ -243,9 +251,19 @@ def _load_float(path: Path, device: torch.device, with_tokenizer: bool,
     arch = LlamaArchitecture.from_hf_config(hf_config)
     with torch.device("meta"):
         llama = LlamaForCausalLM(arch)
+        if shard is not None:
+            shard(llama)  # each cut records the full rows and columns it keeps
+            llama = llama.to(dtype)
     llama = llama.to_empty(device=device)
     llama.build_rotary(device)  # buffers are computed, not loaded
-    llama.load_weights(iter_checkpoint_tensors(folder))
+    if shard is None:
+        llama.load_weights(iter_checkpoint_tensors(folder))
+    else:
+        # Imported here: engine.distributed builds on engine.models, never the reverse at
+        # import time.
+        from engine.distributed.shard_load import load_shard_weights
+
+        load_shard_weights(llama, iter_checkpoint_tensors(folder, lazy=True))
     tokenizer = AutoTokenizer.from_pretrained(folder) if with_tokenizer else None
     return folder, hf_config, llama, tokenizer
 
