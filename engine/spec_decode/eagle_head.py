@@ -32,10 +32,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.architecture import LlamaArchitecture
-from engine.models.layers import Linear, RMSNorm, RotaryEmbedding, rms_norm, rotate_half
+from engine.models.layers import Linear, RMSNorm, RotaryEmbedding, rms_norm
 from engine.models.decoder_layer import DecoderLayer
 from engine.models.stack import CompiledStack, run_stack, stack_applies
 from engine.quant.kernels import cpu_ops_for
+from engine.spec_decode.dense_layer import causal_attention, gated_mlp
 
 WEIGHTS_FILE = "eagle_head.safetensors"
 CONFIG_FILE = "eagle_head.json"
@@ -153,29 +154,14 @@ class EagleHead(nn.Module):
                       positions: torch.Tensor | None = None) -> torch.Tensor:  # [B, T, H]
         """The inference computation with autograd: causal attention over each sequence."""
         a, layer = self.arch, self.layer
-        batch, time, _ = features.shape
         if positions is None:
-            positions = torch.arange(time, device=features.device)
+            positions = torch.arange(features.shape[1], device=features.device)
         x = F.linear(torch.cat([features, next_embeds], dim=-1), self.fuse.weight)
-        h = _norm(x, layer.input_layernorm)
-        qkv = F.linear(h, layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias)
-        q, k, v = qkv.split(layer.self_attn.split_sizes, dim=-1)
-        q = q.view(batch, time, a.num_heads, a.head_dim)
-        k = k.view(batch, time, a.num_kv_heads, a.head_dim)
-        v = v.view(batch, time, a.num_kv_heads, a.head_dim)
-        cos = self.rotary.cos[positions].to(x.dtype)[:, None, :]  # [T, 1, D]
-        sin = self.rotary.sin[positions].to(x.dtype)[:, None, :]
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        groups = a.num_heads // a.num_kv_heads
-        k = k.repeat_interleave(groups, dim=2)
-        v = v.repeat_interleave(groups, dim=2)
-        attended = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        attended = attended.transpose(1, 2).reshape(batch, time, -1)
+        attended = causal_attention(_norm(x, layer.input_layernorm), layer.self_attn, a,
+                                    self.rotary, positions)
         x = x + F.linear(attended, layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias)
-        h = _norm(x, layer.post_attention_layernorm)
-        gate, up = F.linear(h, layer.mlp.gate_up_proj.weight).split(a.intermediate_size, dim=-1)
-        x = x + F.linear(F.silu(gate) * up, layer.mlp.down_proj.weight)
+        x = x + gated_mlp(_norm(x, layer.post_attention_layernorm), layer.mlp,
+                          a.intermediate_size)
         return _norm(x, self.norm)
 
     def train_logits(self, features: torch.Tensor) -> torch.Tensor:

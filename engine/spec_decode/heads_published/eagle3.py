@@ -34,7 +34,8 @@ from torch import nn
 
 from engine.models.architecture import LlamaArchitecture
 from engine.models.decoder_layer import Attention
-from engine.models.layers import MLP, Linear, RMSNorm, RotaryEmbedding, rms_norm, rotate_half
+from engine.models.layers import MLP, Linear, RMSNorm, RotaryEmbedding, rms_norm
+from engine.spec_decode.dense_layer import causal_attention, gated_mlp
 from engine.spec_decode.eagle_head import init_head_weights
 
 
@@ -154,31 +155,16 @@ class Eagle3Head(nn.Module):
                       positions: torch.Tensor | None = None) -> torch.Tensor:  # [B, T, H] p
         """The inference computation with autograd: causal attention over each sequence."""
         layer, a = self.layer, self.arch
-        attn, mlp = layer.self_attn, layer.mlp
-        batch, time, _ = features.shape
+        attn = layer.self_attn
         if positions is None:
-            positions = torch.arange(time, device=features.device)
+            positions = torch.arange(features.shape[1], device=features.device)
         normed = _norm(features, layer.hidden_norm)
         residual = normed if layer.norm_before_residual else features
         x = torch.cat([_norm(next_embeds, layer.input_layernorm), normed], dim=-1)  # [B, T, 2H]
-        q, k, v = F.linear(x, attn.qkv_proj.weight, attn.qkv_proj.bias).split(attn.split_sizes,
-                                                                              dim=-1)
-        q = q.view(batch, time, a.num_heads, a.head_dim)
-        k = k.view(batch, time, a.num_kv_heads, a.head_dim)
-        v = v.view(batch, time, a.num_kv_heads, a.head_dim)
-        cos = self.rotary.cos[positions].to(x.dtype)[:, None, :]  # [T, 1, D]
-        sin = self.rotary.sin[positions].to(x.dtype)[:, None, :]
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        groups = a.num_heads // a.num_kv_heads
-        attended = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.repeat_interleave(groups, dim=2).transpose(1, 2),
-            v.repeat_interleave(groups, dim=2).transpose(1, 2), is_causal=True,
-            scale=a.attention_scale)
-        attended = attended.transpose(1, 2).reshape(batch, time, -1)
+        attended = causal_attention(x, attn, a, self.rotary, positions)
         h = residual + F.linear(attended, attn.o_proj.weight, attn.o_proj.bias)
-        gate, up = F.linear(_norm(h, layer.post_attention_layernorm), mlp.gate_up_proj.weight,
-                            mlp.gate_up_proj.bias).split(a.intermediate_size, dim=-1)
-        return h + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        return h + gated_mlp(_norm(h, layer.post_attention_layernorm), layer.mlp,
+                             a.intermediate_size)
 
     def train_normed(self, prenorm: torch.Tensor) -> torch.Tensor:  # [B, T, H]
         """norm(p): what the LM head reads, compared with the target's next final feature."""
