@@ -6,16 +6,14 @@ a disconnect frees the engine's KV blocks."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import threading
 import time
 
 import httpx
 import pytest
 
-from tests.servers import DEFAULT_MODEL, running_server, wait_until
+from tests.server.stream_kill import kill_under_a_stream
+from tests.servers import DEFAULT_MODEL, running_server
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:",
            "Once upon a time, in a small village,"]
@@ -125,30 +123,8 @@ def test_killed_engine_process_fails_streams_and_ends_the_server(tmp_path):
             log_file=log) as server:
         engine_pid = int(PID_LINE.search(log_path.read_text()).group(1))
         assert engine_pid != server.process.pid
-        events, ended = [], threading.Event()
-
-        def read_stream():
-            body = {"model": server.model, "prompt": PROMPTS[3], "max_tokens": 2000,
-                    "temperature": 0, "stream": True, "ignore_eos": True}
-            try:
-                with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body,
-                                  timeout=60) as response:
-                    events.extend(response.iter_lines())
-            finally:
-                ended.set()
-
-        reader = threading.Thread(target=read_stream)
-        reader.start()
-        wait_until(lambda: sum(line.startswith("data: ") for line in events) >= 3, 60,
-                   "the stream's first tokens")
-        os.kill(engine_pid, signal.SIGKILL)
-        killed_at = time.monotonic()
-        assert ended.wait(10), "the stream did not end after the engine process died"
-        reader.join()
-        data = [line for line in events if line.startswith("data: ")]
-        error = json.loads(data[-1].removeprefix("data: "))
-        assert error["error"]["code"] == "engine_dead", data[-1]
-        assert "data: [DONE]" not in data
+        killed_at = kill_under_a_stream(server, PROMPTS[3], 2000, engine_pid, 3,
+                                        "the engine process")
         try:
             health = httpx.get(f"{server.base_url}/health", timeout=5)
             assert health.status_code == 503

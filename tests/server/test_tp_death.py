@@ -1,21 +1,20 @@
 """A server with --tensor-parallel-size 2 whose rank 1 is killed (issue 73): the stream in flight
 ends with an `engine_dead` error within 10 s and the server exits non-zero; a rank killed while
-the server idles ends it too, with the engine in the server's process or its own. Nothing waits on a collective whose peer is gone."""
+the server idles ends it too, with the engine in the server's process or its own. Nothing waits
+on a collective whose peer is gone."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import threading
 import time
 
-import httpx
 import pytest
 
 from tests.conftest import make_tiny_model
-from tests.servers import running_server, wait_until
+from tests.server.stream_kill import kill_under_a_stream
+from tests.servers import running_server
 
 PID_LINE = re.compile(r"followers' pids \[(\d+)\]")
 
@@ -43,30 +42,7 @@ def test_killed_rank_fails_the_stream_and_ends_the_server(tmp_path, long_context
     log_path = tmp_path / "server.log"
     with open(log_path, "w") as log, _serve(long_context_model, log) as server:
         rank1 = _rank1_pid(log_path)
-        events, ended = [], threading.Event()
-
-        def read_stream():
-            body = {"model": server.model, "prompt": "one two three", "max_tokens": 8000,
-                    "temperature": 0, "stream": True, "ignore_eos": True}
-            try:
-                with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body,
-                                  timeout=60) as response:
-                    events.extend(response.iter_lines())
-            finally:
-                ended.set()
-
-        reader = threading.Thread(target=read_stream)
-        reader.start()
-        wait_until(lambda: sum(line.startswith("data: ") for line in events) >= 20, 60,
-                   "the stream's first tokens")
-        os.kill(rank1, signal.SIGKILL)
-        killed_at = time.monotonic()
-        assert ended.wait(10), "the stream did not end after rank 1 died"
-        reader.join()
-        data = [line for line in events if line.startswith("data: ")]
-        error = json.loads(data[-1].removeprefix("data: "))
-        assert error["error"]["code"] == "engine_dead", data[-1]
-        assert "data: [DONE]" not in data
+        killed_at = kill_under_a_stream(server, "one two three", 8000, rank1, 20, "rank 1")
         assert server.process.wait(timeout=10) != 0
         assert time.monotonic() - killed_at < 10
     assert "tensor-parallel rank 1" in log_path.read_text()
