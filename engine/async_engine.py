@@ -207,9 +207,8 @@ class AsyncEngine:
         finally:
             self._built.set()
         release_freed_host_memory()  # what loading freed, before serving
-        parallel = getattr(self.engine, "parallel", None)
-        if parallel is not None:  # a dead rank wakes an idle loop, which then fails and stops
-            parallel.add_death_listener(lambda error: self._commands.put(("fail", error)))
+        if getattr(self.engine, "parallel", None) is not None:  # a dead rank wakes an idle loop
+            self.engine.parallel.add_death_listener(lambda e: self._commands.put(("fail", e)))
         self._run()
 
     def _run(self) -> None:

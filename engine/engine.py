@@ -88,8 +88,7 @@ class LLMEngine:
             num_kv_blocks=num_kv_blocks(config, loaded.model, self.dtype, self.device,
                                         free_at_start, max_model_len),
             block_size=config.cache.block_size, max_model_len=max_model_len)
-        # tensor parallel: steps are announced to the other ranks as they start (no graphs)
-        padded = uses_padded_steps(config, self.device) and self.parallel is None
+        padded = uses_padded_steps(config, self.device) and self.parallel is None  # TP: no graphs
         # Padded steps write their padding rows' KV into one scratch block past the manager's.
         kv_cache = KVCache(loaded.model.kv_arch, self.limits.num_kv_blocks + int(padded),
                            self.limits.block_size, self.dtype, self.device)

@@ -64,10 +64,9 @@ MAX_DRAFT_REST = 8
 
 class SpeculationController:
     def __init__(self, max_k: int, adaptive: bool, step_cost: LinearCostModel,
-                 draft_cost: DraftCost | ModelDraftCost, prior_acceptance: float = PRIOR_ACCEPTANCE):
-        self.max_k = max_k
-        self.prior_acceptance = prior_acceptance
-        self.adaptive = adaptive
+                 draft_cost: DraftCost | ModelDraftCost,
+                 prior_acceptance: float = PRIOR_ACCEPTANCE):
+        self.max_k, self.prior_acceptance, self.adaptive = max_k, prior_acceptance, adaptive
         self.step_cost = step_cost  # seconds for a target step of u row units
         self.draft_cost = draft_cost
         self.probe_every = PROBE_EVERY  # 0: never probe
@@ -76,8 +75,7 @@ class SpeculationController:
         self._plans_kept_short = 0
         self.max_rest = MAX_DRAFT_REST  # 0: requests never rest
         self.min_plan_gain = MIN_PLAN_GAIN
-        # quiet steps' measured prices where the engine takes them, set before each plan
-        self.no_draft: NoDraftPrice | None = None
+        self.no_draft: NoDraftPrice | None = None  # quiet steps' prices, set before each plan
 
     def lookahead(self, request: Request) -> int:
         """KV slots the scheduler reserves for this request's drafts: an upper bound on what
@@ -98,23 +96,23 @@ class SpeculationController:
              free: Sequence[bool] | None = None,
              num_other_rows: int | None = None,
              positions: Sequence[int] | None = None) -> list[int]:
-        """Draft tokens per request for this step. `num_other_units`: what the rows fed anyway
-        cost (each request's last token, its attention and its cache read; step_cost.py). A
-        draft row of request r is priced by its attention over r's context
-        (`LinearCostModel.draft_units`): at 16 concurrent agent loops re-sending long histories,
-        a row priced at a short context's cost looked half as dear as it is, and drafts lost to
-        no speculation. `num_other_rows`: those rows (default: one per request planned); a
-        draft's row costs what the step's measured curve says the next row costs (the 17th of
-        a step dear, the ones after it cheap: step_cost.RowShape). Other requests' prefill chunks in the same step are left
-        out: their work is paid once per prompt however many steps decoding takes, so it is no
-        part of what a draft saves (a step's fixed cost is, per step); counted as decode rows,
-        a chunk made the step look so slow that any draft seemed to pay, and 16 concurrent
-        agent loops, re-sending their histories, ran at 0.86x `none`. `padded_tokens`, for a step
-        that will run padded (static_runner.py): the rows it computes when its longest request
-        drafts L tokens. `free[i]`: request i's drafts cost no drafting this step (an EAGLE
-        request proposing a copy), only their verified rows. `positions[i]`: where request i's
-        fed token sits, its drafts after it (default: its computed tokens; a prompt's last
-        chunk feeds more than one token before its drafts: prefill_drafts.py)."""
+        """Draft tokens per request for this step. `num_other_units`: what the rows fed anyway cost
+        (each request's last token, its attention and its cache read; step_cost.py). A draft row of
+        request r is priced by its attention over r's context (`LinearCostModel.draft_units`): at 16
+        concurrent agent loops re-sending long histories, a row priced at a short context's cost
+        looked half as dear as it is, and drafts lost to no speculation. `num_other_rows`: those
+        rows (default: one per request planned); a draft's row costs what the step's measured curve
+        says the next row costs (the 17th of a step dear, the ones after it cheap:
+        step_cost.RowShape). Other requests' prefill chunks in the same step are left out: their
+        work is paid once per prompt however many steps decoding takes, so it is no part of what a
+        draft saves (a step's fixed cost is, per step); counted as decode rows, a chunk made the
+        step look so slow that any draft seemed to pay, and 16 concurrent agent loops, re-sending
+        their histories, ran at 0.86x `none`. `padded_tokens`, for a step that will run padded
+        (static_runner.py): the rows it computes when its longest request drafts L tokens.
+        `free[i]`: request i's drafts cost no drafting this step (an EAGLE request proposing a
+        copy), only their verified rows. `positions[i]`: where request i's fed token sits, its
+        drafts after it (default: its computed tokens; a prompt's last chunk feeds more than one
+        token before its drafts: prefill_drafts.py)."""
         if not self.adaptive:
             return list(max_ks)
         estimates = [r.acceptance.estimate(self.prior_acceptance) for r in requests]
